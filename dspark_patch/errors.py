@@ -1,0 +1,120 @@
+"""The error tree. Every failure a user can cause or meet is one of these.
+
+Each subclass knows its exit code; the message says what went wrong and what to do.
+The CLI catches only `DsparkPatchError` and prints one line; anything else is a bug.
+Exit codes: 0 success, 1 a check failed, 2 bad invocation or bad input, 3 environment problem.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class DsparkPatchError(Exception):
+    """Root of every error the tool reports to a user."""
+
+    exit_code: ClassVar[int] = 1
+    kind: ClassVar[str] = "error"
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def line(self) -> str:
+        """The one line shown to the user: the problem, then what to do."""
+        return f"{self.message} ({self.hint})" if self.hint else self.message
+
+
+# --- exit 1: a check failed -------------------------------------------------------------
+class CheckFailed(DsparkPatchError):
+    exit_code = 1
+    kind = "check-failed"
+
+
+class HunkDoesNotApply(CheckFailed):
+    """A hunk's context or removed lines are not found exactly (zero fuzz) anywhere."""
+
+    kind = "hunk-does-not-apply"
+
+
+class PartlyApplied(CheckFailed):
+    """Some hunks are already applied and others are not."""
+
+    kind = "partly-applied"
+
+
+class HashMismatch(CheckFailed):
+    """A target file is not the pre-image (or post-image) the patch set knows."""
+
+    kind = "hash-mismatch"
+
+
+class VerifyMismatch(CheckFailed):
+    kind = "verify-mismatch"
+
+
+class CompileFailed(CheckFailed):
+    kind = "compile-failed"
+
+
+class ProbeFailed(CheckFailed):
+    kind = "probe-failed"
+
+
+class LayerMismatch(CheckFailed):
+    """The container's changes are not exactly the expected files (would bake junk into the image)."""
+
+    kind = "layer-mismatch"
+
+
+class EvaluationFailed(CheckFailed):
+    kind = "evaluation-failed"
+
+
+# --- exit 2: bad invocation or bad input ------------------------------------------------
+class BadInput(DsparkPatchError):
+    exit_code = 2
+    kind = "bad-input"
+
+
+class MalformedPatch(BadInput):
+    kind = "malformed-patch"
+
+
+class UnsafePatch(BadInput):
+    """Binary, rename, mode-only, symlink, submodule, absolute or escaping paths, NUL bytes."""
+
+    kind = "unsafe-patch"
+
+
+class UnknownPatchSet(BadInput):
+    kind = "unknown-patch-set"
+
+
+class InvalidPatchSet(BadInput):
+    kind = "invalid-patch-set"
+
+
+class UnsupportedRelease(BadInput):
+    kind = "unsupported-release"
+
+
+class TargetNotFound(BadInput):
+    """Missing path, missing image, no python or no distribution in the target."""
+
+    kind = "target-not-found"
+
+
+class TagExists(BadInput):
+    kind = "tag-exists"
+
+
+# --- exit 3: environment problem --------------------------------------------------------
+class EnvironmentProblem(DsparkPatchError):
+    exit_code = 3
+    kind = "environment"
+
+
+class EngineUnreachable(EnvironmentProblem):
+    kind = "engine-unreachable"
