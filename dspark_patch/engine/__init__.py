@@ -1,0 +1,23 @@
+"""The pure patch engine: parse a diff, place hunks at zero fuzz, plan every file's new content."""
+
+from dspark_patch.engine.diff import Diff, FileAction, FilePatch, Hunk, HunkLine, LineKind, parse_diff
+from dspark_patch.engine.place import Placement, apply_hunks, place_hunks, split_lines
+from dspark_patch.engine.plan import FilePlan, PatchPlan, PlanStatus, plan_patch
+
+__all__ = [
+    "Diff",
+    "FileAction",
+    "FilePatch",
+    "FilePlan",
+    "Hunk",
+    "HunkLine",
+    "LineKind",
+    "PatchPlan",
+    "Placement",
+    "PlanStatus",
+    "apply_hunks",
+    "parse_diff",
+    "place_hunks",
+    "plan_patch",
+    "split_lines",
+]

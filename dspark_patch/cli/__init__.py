@@ -1,0 +1,62 @@
+"""The command line. Only this package prints.
+
+Each command builds a request, hands it to the pipeline, and renders the report it gets back.
+`main` catches only DsparkPatchError (one clean line, its exit code); anything else is a bug.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from ..errors import DsparkPatchError
+from . import apply as apply_cmd
+from . import patches as patches_cmd
+from . import report as report_cmd
+from . import verify as verify_cmd
+from .output import error_line
+
+app = typer.Typer(
+    name="dspark-patch",
+    help="Put a reviewed patch into the vLLM inside an image or a site-packages tree: "
+    "exactly (zero fuzz, known hashes), verifiably, with an audit report.\n\n"
+    "Exit codes: 0 success (also: already applied), 1 a check failed, 2 bad input, 3 environment problem.",
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+for module in (apply_cmd, verify_cmd, patches_cmd, report_cmd):
+    module.register(app)
+
+try:  # evaluation commands (estimate, kv-compare, evaluate)
+    from . import evaluate as evaluate_cmd
+except ImportError:  # pragma: no cover - only while that module is absent
+    evaluate_cmd = None
+else:
+    evaluate_cmd.register(app)
+
+
+def main() -> None:
+    try:
+        app(standalone_mode=False)
+    except DsparkPatchError as exc:
+        error_line(exc)
+        sys.exit(exc.exit_code)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        print("dspark-patch: aborted", file=sys.stderr)
+        sys.exit(130)
+    except KeyboardInterrupt:
+        print("dspark-patch: interrupted; nothing was committed", file=sys.stderr)
+        sys.exit(130)
+    except Exception as exc:  # click usage errors arrive here in standalone_mode=False
+        import click
+
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            sys.exit(2 if isinstance(exc, click.UsageError) else exc.exit_code)
+        raise

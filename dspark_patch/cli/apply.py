@@ -1,0 +1,41 @@
+"""`dspark-patch apply`."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from .. import pipeline
+from . import common, output
+
+
+def register(app: typer.Typer) -> None:
+    app.command("apply")(apply)
+
+
+def apply(
+    root: common.RootOpt = None,
+    image: common.ImageOpt = None,
+    patch: common.PatchOpt = None,
+    strip: common.StripOpt = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Plan and check everything; write nothing.")] = False,
+    no_compile: Annotated[bool, typer.Option("--no-compile", help="Do not byte-compile the patched files.")] = False,
+    no_probe: common.NoProbeOpt = False,
+    python: common.PythonOpt = None,
+    allow_unknown_base: Annotated[bool, typer.Option("--allow-unknown-base", help="Do not require the known pre-image hashes; rely on zero-fuzz placement alone (the report says so).")] = False,
+    tag: Annotated[Optional[str], typer.Option("--tag", help="Name the patched image (--image only).")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Move an existing --tag to the new image.")] = False,
+    push: Annotated[bool, typer.Option("--push", help="Push --tag through the engine after committing.")] = False,
+    report_dir: common.ReportDirOpt = None,
+    junit: common.JunitOpt = None,
+    as_json: common.JsonOpt = False,
+) -> None:
+    """Apply the patch with zero fuzz, byte-compile, probe, and (for an image) commit one new layer."""
+    request = pipeline.ApplyRequest(
+        target=common.target_spec(root, image, python, tag=tag, force=force, push=push),
+        patch=patch, strip=strip, dry_run=dry_run, compile=not no_compile, probe=not no_probe,
+        allow_unknown_base=allow_unknown_base,
+    )
+    report = pipeline.apply(request, on_step=output.step_printer(not as_json))
+    common.finish(report, report_dir=report_dir, as_json=as_json, junit=junit)

@@ -1,0 +1,62 @@
+"""Options and steps shared by several commands (one place, like auditwheel's main.py)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from ..errors import BadInput
+from ..pipeline import ImageSpec, LocalSpec, TargetSpec
+from ..report.model import AuditReport
+from . import output
+
+RootOpt = Annotated[Optional[Path], typer.Option("--root", help="A site-packages folder that holds vllm and its dist-info.")]
+ImageOpt = Annotated[Optional[str], typer.Option("--image", help="An image reference (name:tag or id) on the Docker engine.")]
+PythonOpt = Annotated[Optional[str], typer.Option("--python", help="Interpreter that runs the tree (--root only; default: this one).")]
+PatchOpt = Annotated[Optional[str], typer.Option("--patch", help="Patch-set id, patch-set folder, or a bare diff file. Default: dspark-skip-mtp-buffer.")]
+StripOpt = Annotated[Optional[int], typer.Option("--strip", min=0, help="Leading path components to strip, like patch -pN (default: the patch set's, 1).")]
+NoProbeOpt = Annotated[bool, typer.Option("--no-probe", help="Skip the consumer CPU probe.")]
+ReportDirOpt = Annotated[Optional[Path], typer.Option("--report-dir", help="Write audit.json, audit.md, junit.xml (and the attestation) here. Default: ./dspark-patch-reports/<command>-<time>.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print the audit report as JSON on stdout and nothing else.")]
+JunitOpt = Annotated[Optional[Path], typer.Option("--junit", help="Also write a JUnit XML file here.")]
+
+
+def target_spec(root: Path | None, image: str | None, python: str | None, *, tag: str | None = None,
+                force: bool = False, push: bool = False) -> TargetSpec:
+    if (root is None) == (image is None):
+        raise BadInput("give exactly one target: --root DIR (a site-packages folder) or --image REF",
+                       hint="see dspark-patch COMMAND --help")
+    if image is not None:
+        if python is not None:
+            raise BadInput("--python is for --root only; an image is patched with its own python3")
+        if push and not tag:
+            raise BadInput("--push needs --tag NAME (the reference to push)")
+        return ImageSpec(ref=image, tag=tag, force=force, push=push)
+    if tag or force or push:
+        raise BadInput("--tag, --force and --push are for --image only")
+    return LocalSpec(root=str(root), python=python)
+
+
+def finish(report: AuditReport, *, report_dir: Path | None, as_json: bool, junit: Path | None = None) -> None:
+    """Write the report (every run, failed ones too), render it, and exit with its code."""
+    from ..report import render, summary
+
+    folder = report_dir or Path("dspark-patch-reports") / (
+        f"{report.command}-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%SZ')}")
+    render.write_report_dir(report, folder)
+    if junit is not None:
+        junit.parent.mkdir(parents=True, exist_ok=True)
+        junit.write_text(render.to_junit(report), encoding="utf-8")
+    step_summary = output.github_summary_path()
+    if step_summary is not None:
+        summary.append_step_summary(report, step_summary)
+    if as_json:
+        output.print_json(render.to_json(report))
+    else:
+        output.summary(report, folder)
+    for err in report.errors:
+        output.error_line_text(err.message + (f" ({err.hint})" if err.hint else ""))
+    raise typer.Exit(report.exit_code)

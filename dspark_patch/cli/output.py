@@ -1,0 +1,99 @@
+"""How results reach people and machines: rich on a terminal, plain lines otherwise, JSON on demand."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from ..errors import DsparkPatchError
+from ..report.model import AuditReport, StepReport
+
+# Progress and summaries go to stderr so that stdout stays clean for --json.
+_err = Console(stderr=True, highlight=False, soft_wrap=True)
+_out = Console(highlight=False, soft_wrap=True)
+
+
+def error_line(exc: DsparkPatchError) -> None:
+    error_line_text(exc.line())
+
+
+def error_line_text(text: str) -> None:
+    print(f"dspark-patch: error: {text}", file=sys.stderr)
+
+
+def step_printer(enabled: bool):
+    """A pipeline `on_step` callback that shows each step with its time."""
+    if not enabled:
+        return None
+    tty = _err.is_terminal
+
+    def show(step: StepReport) -> None:
+        mark = {"ok": "✓", "failed": "✗", "skipped": "–"}[step.status] if tty else step.status
+        extra = f"  {step.detail}" if step.detail and step.status == "skipped" else ""
+        if tty:
+            colour = {"ok": "green", "failed": "red", "skipped": "dim"}[step.status]
+            _err.print(f"[{colour}]{mark}[/] {step.name:<14} {step.seconds:6.2f}s{extra}")
+        else:
+            print(f"{step.name}: {mark} ({step.seconds:.2f}s){extra}", file=sys.stderr)
+
+    return show
+
+
+def summary(report: AuditReport, report_dir: Path | None) -> None:
+    """One closing summary for people (stderr)."""
+    verdict = "OK" if report.ok else "FAILED"
+    rows = [("verdict", f"{verdict}: {report.status}")]
+    t = report.target
+    rows.append(("target", f"{t.kind} {t.ref}" + (f" ({t.image.id[:19]})" if t.image else "")))
+    if t.distribution:
+        rows.append(("release", f"{t.distribution.name} {t.distribution.version} at {t.distribution.location}"))
+    if report.patch:
+        rows.append(("patch", f"{report.patch.id or 'bare diff'} {report.patch.variant or ''}".strip()))
+    for f in report.files:
+        offsets = ",".join(str(h.offset) for h in f.hunks) or "-"
+        rows.append((f"file", f"{f.path}  hunks {len(f.hunks)} offsets {offsets} fuzz 0"))
+    if report.compile.ran:
+        rows.append(("compile", "ok" if report.compile.ok else "FAILED"))
+    if report.probe.ran:
+        passed = sum(c.ok for c in report.probe.cases)
+        rows.append(("probe", f"{passed}/{len(report.probe.cases)} cases pass" + ("" if report.probe.ok else f"  {report.probe.detail}")))
+    if report.integrity:
+        i = report.integrity
+        rows.append(("integrity", f"{i.checked} RECORD files checked, {len(i.mismatched)} mismatched, "
+                                  f"{len(i.missing)} missing, {len(i.not_checked)} outside the tree not checked"))
+    if report.layer:
+        rows.append(("layer", f"{len(report.layer.changes)} changes" + ("" if report.layer.ok else f", {len(report.layer.unexpected)} unexpected")))
+    if report.result_image:
+        rows.append(("result image", f"{report.result_image.ref} ({report.result_image.id[:19]})"))
+    for note in report.notes:
+        rows.append(("note", note))
+    for err in report.errors:
+        rows.append(("error", err.message + (f" ({err.hint})" if err.hint else "")))
+    if report_dir is not None:
+        rows.append(("report", str(report_dir / "audit.json")))
+    if _err.is_terminal:
+        table = Table(show_header=False, box=None, padding=(0, 1))
+        for key, value in rows:
+            table.add_row(f"[bold]{key}[/]", value)
+        _err.print(table)
+    else:
+        for key, value in rows:
+            print(f"{key}: {value}", file=sys.stderr)
+
+
+def print_json(text: str) -> None:
+    sys.stdout.write(text if text.endswith("\n") else text + "\n")
+    sys.stdout.flush()
+
+
+def print_text(text: str) -> None:
+    _out.print(text, markup=False)
+
+
+def github_summary_path() -> Path | None:
+    value = os.environ.get("GITHUB_STEP_SUMMARY")
+    return Path(value) if value else None

@@ -1,0 +1,61 @@
+"""`dspark-patch list`, `show ID` and `gc`."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from .. import patchset as patchsets
+from . import common, output
+
+
+def register(app: typer.Typer) -> None:
+    app.command("list")(list_patch_sets)
+    app.command("show")(show)
+    app.command("gc")(gc)
+
+
+def list_patch_sets(as_json: common.JsonOpt = False) -> None:
+    """List the shipped patch sets and the releases each covers."""
+    sets = patchsets.available()
+    if as_json:
+        output.print_json(json.dumps([_summary(p) for p in sets], indent=2))
+        return
+    for p in sets:
+        releases = ", ".join(r for v in p.variants for r in v.releases)
+        output.print_text(f"{p.id}  {p.title}  [{p.distribution} {releases}]")
+
+
+def show(patch_id: Annotated[str, typer.Argument(metavar="ID", help="A patch-set id or folder.")], as_json: common.JsonOpt = False) -> None:
+    """Show a patch set: summary, variants, files and their known hashes."""
+    p = patchsets.resolve(patch_id)
+    if as_json:
+        output.print_json(json.dumps(_summary(p), indent=2))
+        return
+    lines = [f"{p.id or p.title}: {p.title}", "", p.summary, "", f"distribution: {p.distribution}   strip: {p.strip}   probe: {p.probe or 'none'}"]
+    for v in p.variants:
+        lines.append(f"variant {v.name}: releases {', '.join(v.releases) or '-'}; diff {v.diff_path.name} sha256 {v.diff_sha256}")
+        for path, h in v.files.items():
+            lines.append(f"  {path}\n    pre  {h.pre_sha256 or '(added)'}\n    post {h.post_sha256 or '(deleted)'}")
+    output.print_text("\n".join(lines))
+
+
+def gc() -> None:
+    """Remove containers left behind by a killed dspark-patch run."""
+    from ..targets.image import gc_containers
+
+    removed = gc_containers()
+    output.print_text(f"removed {len(removed)} leftover container(s)" + "".join(f"\n  {c}" for c in removed))
+
+
+def _summary(p: patchsets.PatchSet) -> dict:
+    return {
+        "id": p.id, "title": p.title, "summary": p.summary, "distribution": p.distribution,
+        "strip": p.strip, "probe": p.probe,
+        "variants": [{"name": v.name, "releases": list(v.releases), "diff": v.diff_path.name,
+                      "sha256": v.diff_sha256,
+                      "files": {k: {"pre_sha256": h.pre_sha256, "post_sha256": h.post_sha256} for k, h in v.files.items()}}
+                     for v in p.variants],
+    }

@@ -1,0 +1,44 @@
+"""`dspark-patch verify` and `dspark-patch probe`."""
+
+from __future__ import annotations
+
+import typer
+
+from .. import pipeline
+from . import common, output
+
+
+def register(app: typer.Typer) -> None:
+    app.command("verify")(verify)
+    app.command("probe")(probe)
+
+
+def verify(
+    root: common.RootOpt = None,
+    image: common.ImageOpt = None,
+    patch: common.PatchOpt = None,
+    strip: common.StripOpt = None,
+    python: common.PythonOpt = None,
+    no_probe: common.NoProbeOpt = False,
+    report_dir: common.ReportDirOpt = None,
+    junit: common.JunitOpt = None,
+    as_json: common.JsonOpt = False,
+) -> None:
+    """Prove a tree or image carries exactly the patch: post-images, bytecode, RECORD, labels, probe."""
+    request = pipeline.VerifyRequest(target=common.target_spec(root, image, python), patch=patch, strip=strip,
+                                     probe=not no_probe)
+    report = pipeline.verify(request, on_step=output.step_printer(not as_json))
+    common.finish(report, report_dir=report_dir, as_json=as_json, junit=junit)
+
+
+def probe(
+    root: common.RootOpt = None,
+    image: common.ImageOpt = None,
+    python: common.PythonOpt = None,
+    report_dir: common.ReportDirOpt = None,
+    as_json: common.JsonOpt = False,
+) -> None:
+    """Run the consumer CPU probe with the target's own interpreter (exit 0 pass, 1 fail)."""
+    request = pipeline.ProbeRequest(target=common.target_spec(root, image, python))
+    report = pipeline.probe(request, on_step=output.step_printer(not as_json))
+    common.finish(report, report_dir=report_dir, as_json=as_json)

@@ -1,0 +1,210 @@
+"""Patch sets: `patches/<id>/patch.toml` plus one diff per release variant.
+
+Loaded and validated once; a patch set is data, not code (like auditwheel's policy files).
+A bare diff file given with `--patch FILE` becomes a patch set without variants, which skips
+the release and hash checks (the report says so).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import InvalidPatchSet, UnknownPatchSet, UnsupportedRelease
+
+DEFAULT_PATCH_SET = "dspark-skip-mtp-buffer"
+
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_ID = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+_TOP_KEYS = {"id", "title", "summary", "distribution", "strip", "probe", "variants"}
+_REQUIRED_TOP = {"id", "title", "summary", "distribution", "variants"}
+_VARIANT_KEYS = {"name", "releases", "diff", "files"}
+_FILE_KEYS = {"pre_sha256", "post_sha256"}
+_PROBES = {"", "consumer"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class FileHashes:
+    pre_sha256: str | None    # None: the variant adds the file
+    post_sha256: str | None   # None: the variant deletes the file
+
+
+@dataclass(frozen=True, kw_only=True)
+class Variant:
+    name: str
+    releases: tuple[str, ...]
+    diff_path: Path
+    diff: bytes
+    files: dict[str, FileHashes]
+
+    @property
+    def diff_sha256(self) -> str:
+        return hashlib.sha256(self.diff).hexdigest()
+
+
+@dataclass(frozen=True, kw_only=True)
+class PatchSet:
+    id: str | None             # None for a bare diff file
+    title: str
+    summary: str
+    distribution: str
+    strip: int
+    probe: str                 # "" or "consumer"
+    source: Path               # the folder (or bare diff file) it was loaded from
+    variants: tuple[Variant, ...]
+
+    @property
+    def is_bare(self) -> bool:
+        return self.id is None
+
+    def variant_for(self, release: str) -> Variant:
+        for variant in self.variants:
+            if release in variant.releases:
+                return variant
+        covered = ", ".join(r for v in self.variants for r in v.releases) or "none"
+        raise UnsupportedRelease(
+            f"patch set {self.id} has no variant for {self.distribution} {release}; it covers {covered}",
+            hint=f"install a covered release, or add and test a variant for {release}",
+        )
+
+
+def patches_dir() -> Path:
+    """Where the shipped patch sets live: $DSPARK_PATCH_PATCHES, the repository, or the package."""
+    env = os.environ.get("DSPARK_PATCH_PATCHES")
+    if env:
+        return Path(env)
+    here = Path(__file__).resolve().parent
+    for candidate in (here.parent / "patches", here / "patches"):
+        if candidate.is_dir():
+            return candidate
+    return here.parent / "patches"
+
+
+def available() -> list[PatchSet]:
+    root = patches_dir()
+    if not root.is_dir():
+        return []
+    return [load_dir(d) for d in sorted(root.iterdir()) if (d / "patch.toml").is_file()]
+
+
+def resolve(spec: str | None, *, strip: int | None = None) -> PatchSet:
+    """`--patch` as a user gives it: a patch-set id, a patch-set folder, or a bare diff file."""
+    if spec is None:
+        spec = DEFAULT_PATCH_SET
+    path = Path(spec)
+    if path.is_dir():
+        return load_dir(path)
+    if path.is_file():
+        return load_bare(path, strip=1 if strip is None else strip)
+    if _ID.match(spec) and (patches_dir() / spec / "patch.toml").is_file():
+        return load_dir(patches_dir() / spec)
+    known = ", ".join(p.id or "" for p in available()) or "none"
+    raise UnknownPatchSet(
+        f"no patch set, folder or diff file named {spec!r}; known patch sets: {known}",
+        hint="run `dspark-patch list`",
+    )
+
+
+def load_bare(path: Path, *, strip: int = 1) -> PatchSet:
+    data = path.read_bytes()
+    variant = Variant(name="bare-diff", releases=(), diff_path=path, diff=data, files={})
+    return PatchSet(
+        id=None, title=path.name, summary="a bare diff file: no release or hash checks",
+        distribution="vllm", strip=strip, probe="", source=path, variants=(variant,),
+    )
+
+
+def load_dir(folder: Path) -> PatchSet:
+    toml_path = folder / "patch.toml"
+    where = str(toml_path)
+    try:
+        doc = tomllib.loads(toml_path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UnknownPatchSet(f"{folder} has no patch.toml", hint="a patch set is a folder with patch.toml and its diffs") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise InvalidPatchSet(f"{where}: not valid TOML: {exc}", hint="fix the file") from None
+
+    _keys(doc, allowed=_TOP_KEYS, required=_REQUIRED_TOP, where=where)
+    pid = _str(doc, "id", where)
+    if not _ID.match(pid):
+        raise InvalidPatchSet(f"{where}: id {pid!r} must be lower-case letters, digits, '.', '_' or '-'")
+    if pid != folder.name:
+        raise InvalidPatchSet(f"{where}: id {pid!r} differs from its folder name {folder.name!r}", hint="rename one of them")
+    strip = doc.get("strip", 1)
+    if not isinstance(strip, int) or isinstance(strip, bool) or strip < 0:
+        raise InvalidPatchSet(f"{where}: strip must be a non-negative integer")
+    probe = doc.get("probe", "")
+    if probe not in _PROBES:
+        raise InvalidPatchSet(f"{where}: probe {probe!r} is not one of {sorted(_PROBES)}")
+    raw_variants = doc["variants"]
+    if not isinstance(raw_variants, list) or not raw_variants:
+        raise InvalidPatchSet(f"{where}: needs at least one [[variants]] table")
+
+    variants = tuple(_variant(folder, v, where=f"{where} [[variants]] #{i}") for i, v in enumerate(raw_variants, 1))
+    seen: dict[str, str] = {}
+    for variant in variants:
+        for release in variant.releases:
+            if release in seen:
+                raise InvalidPatchSet(f"{where}: release {release} is in both {seen[release]} and {variant.name}")
+            seen[release] = variant.name
+    return PatchSet(
+        id=pid, title=_str(doc, "title", where), summary=_str(doc, "summary", where),
+        distribution=_str(doc, "distribution", where), strip=strip, probe=probe,
+        source=folder, variants=variants,
+    )
+
+
+def _variant(folder: Path, raw: object, *, where: str) -> Variant:
+    if not isinstance(raw, dict):
+        raise InvalidPatchSet(f"{where}: must be a table")
+    _keys(raw, allowed=_VARIANT_KEYS, required=_VARIANT_KEYS, where=where)
+    name = _str(raw, "name", where)
+    releases = raw["releases"]
+    if not isinstance(releases, list) or not releases or not all(isinstance(r, str) and r for r in releases):
+        raise InvalidPatchSet(f"{where}: releases must be a non-empty list of version strings")
+    diff_name = _str(raw, "diff", where)
+    diff_path = (folder / diff_name).resolve()
+    if diff_path.parent != folder.resolve():
+        raise InvalidPatchSet(f"{where}: diff {diff_name!r} must be a file inside {folder}")
+    try:
+        diff = diff_path.read_bytes()
+    except FileNotFoundError:
+        raise InvalidPatchSet(f"{where}: diff file {diff_name} is missing from {folder}") from None
+    files_raw = raw["files"]
+    if not isinstance(files_raw, dict) or not files_raw:
+        raise InvalidPatchSet(f"{where}: files must list the sha256 before and after of every target file")
+    files: dict[str, FileHashes] = {}
+    for path, hashes in files_raw.items():
+        fwhere = f"{where} files.{path!r}"
+        if not isinstance(hashes, dict):
+            raise InvalidPatchSet(f"{fwhere}: must be a table with pre_sha256 and post_sha256")
+        _keys(hashes, allowed=_FILE_KEYS, required=set(), where=fwhere)
+        pre = hashes.get("pre_sha256")
+        post = hashes.get("post_sha256")
+        for key, value in (("pre_sha256", pre), ("post_sha256", post)):
+            if value is not None and (not isinstance(value, str) or not _SHA256.match(value)):
+                raise InvalidPatchSet(f"{fwhere}: {key} must be 64 lower-case hex digits, got {value!r}")
+        if pre is None and post is None:
+            raise InvalidPatchSet(f"{fwhere}: needs pre_sha256, post_sha256 or both")
+        files[path] = FileHashes(pre_sha256=pre, post_sha256=post)
+    return Variant(name=name, releases=tuple(releases), diff_path=diff_path, diff=diff, files=files)
+
+
+def _keys(table: dict, *, allowed: set[str], required: set[str], where: str) -> None:
+    unknown = sorted(set(table) - allowed)
+    if unknown:
+        raise InvalidPatchSet(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
+    missing = sorted(required - set(table))
+    if missing:
+        raise InvalidPatchSet(f"{where}: missing key(s) {', '.join(missing)}")
+
+
+def _str(table: dict, key: str, where: str) -> str:
+    value = table[key]
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidPatchSet(f"{where}: {key} must be a non-empty string")
+    return value

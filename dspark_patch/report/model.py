@@ -1,0 +1,167 @@
+"""The audit report: a frozen record of what happened, built once at the end of a run.
+
+Renderers (JSON, Markdown, JUnit, in-toto) are small functions over this model in
+`report.render`; the JSON shape is versioned (`SCHEMA`) and checked against the JSON Schema
+shipped beside this module (`audit.schema.json`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+SCHEMA = "dspark-patch/audit/v1"
+
+Status = Literal["applied", "already-applied", "verified", "dry-run", "probed", "failed"]
+Command = Literal["apply", "verify", "probe"]
+StepStatus = Literal["ok", "failed", "skipped"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class DistributionInfo:
+    name: str
+    version: str
+    location: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class ImageRef:
+    ref: str
+    id: str                         # the image id (config digest), "sha256:<hex>"
+    # The registry's manifest digest ("repo@sha256:<hex>") once pushed: what cosign and
+    # admission policies key on, and it differs from `id`. None until the image is pushed.
+    repo_digest: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class TargetReport:
+    kind: Literal["local", "image"]
+    ref: str
+    python: str | None = None
+    python_version: str | None = None
+    distribution: DistributionInfo | None = None
+    image: ImageRef | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class PatchReport:
+    id: str | None            # None for a bare diff file
+    variant: str | None
+    sha256: str               # of the diff bytes
+    source: str               # where the diff came from (patch set dir or file)
+    hash_checks: bool         # False for a bare diff or --allow-unknown-base
+
+
+@dataclass(frozen=True, kw_only=True)
+class HunkReport:
+    index: int
+    source_start: int
+    applied_at: int
+    offset: int
+    fuzz: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class FileReport:
+    path: str
+    action: Literal["modify", "add", "delete"]
+    pre_sha256: str | None
+    post_sha256: str | None
+    expected_pre_sha256: str | None = None
+    expected_post_sha256: str | None = None
+    hunks: tuple[HunkReport, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompiledFile:
+    path: str
+    ok: bool
+    detail: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompileReport:
+    ok: bool
+    ran: bool
+    files: tuple[CompiledFile, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProbeCase:
+    name: str
+    ok: bool
+    detail: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProbeReport:
+    ok: bool
+    ran: bool
+    cases: tuple[ProbeCase, ...] = ()
+    detail: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class IntegrityReport:
+    """RECORD integrity of the distribution's own files other than the patched ones."""
+
+    checked: int
+    mismatched: tuple[str, ...] = ()
+    missing: tuple[str, ...] = ()
+    not_checked: tuple[str, ...] = ()   # entries pointing outside `location`, never followed
+    stale_bytecode: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerChange:
+    kind: Literal["A", "C", "D"]
+    path: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerReport:
+    ok: bool
+    changes: tuple[LayerChange, ...] = ()
+    unexpected: tuple[LayerChange, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepReport:
+    name: str
+    status: StepStatus
+    seconds: float
+    detail: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ErrorReport:
+    kind: str
+    message: str
+    hint: str | None
+    exit_code: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class AuditReport:
+    command: Command
+    status: Status
+    exit_code: int
+    tool_version: str
+    started_at: str             # ISO 8601, UTC
+    target: TargetReport
+    patch: PatchReport | None = None
+    files: tuple[FileReport, ...] = ()
+    compile: CompileReport = field(default_factory=lambda: CompileReport(ok=True, ran=False))
+    probe: ProbeReport = field(default_factory=lambda: ProbeReport(ok=True, ran=False))
+    integrity: IntegrityReport | None = None
+    layer: LayerReport | None = None
+    result_image: ImageRef | None = None
+    labels: tuple[tuple[str, str], ...] = ()
+    steps: tuple[StepReport, ...] = ()
+    errors: tuple[ErrorReport, ...] = ()
+    notes: tuple[str, ...] = ()
+    schema: str = SCHEMA
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0

@@ -1,0 +1,144 @@
+"""A local site-packages folder as a target (`--root DIR`)."""
+
+from __future__ import annotations
+
+import csv
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from importlib.metadata import PathDistribution
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..errors import EnvironmentProblem, TargetNotFound
+from . import fs
+from .base import Distribution, RecordEntry, RunResult, TargetInfo
+
+if TYPE_CHECKING:
+    from ..engine.plan import PatchPlan
+
+
+def _normalize(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+class LocalTree:
+    """The folder that holds the top-level package (a site-packages folder)."""
+
+    def __init__(self, root: str | os.PathLike[str], *, python: str | None = None) -> None:
+        self.root = Path(root)
+        if not self.root.is_dir():
+            raise TargetNotFound(f"--root {root}: no such directory", hint="give the site-packages folder that holds the package")
+        self.root = self.root.resolve()
+        self.python = _find_python(python)
+
+    @property
+    def info(self) -> TargetInfo:
+        return TargetInfo(kind="local", ref=str(self.root), id=None)
+
+    def locate(self, distribution: str) -> Distribution:
+        wanted = _normalize(distribution)
+        for info_dir in sorted(self.root.glob("*.dist-info")):
+            dist = PathDistribution(info_dir)
+            name = dist.metadata["Name"] if dist.metadata else None
+            if name and _normalize(name) == wanted:
+                python_version, cache_tag = self._interpreter()
+                record_file = info_dir / "RECORD"
+                return Distribution(
+                    name=name,
+                    version=dist.version,
+                    location=str(self.root),
+                    python=self.python,
+                    python_version=python_version,
+                    cache_tag=cache_tag,
+                    record_file=f"{info_dir.name}/RECORD" if record_file.is_file() else None,
+                    record=_record(record_file),
+                )
+        raise TargetNotFound(
+            f"no {distribution} distribution (*.dist-info) in {self.root}",
+            hint="--root must be the site-packages folder that holds the package and its dist-info",
+        )
+
+    def read(self, path: str) -> bytes | None:
+        full = fs.resolve_inside(self.root, path)
+        try:
+            return full.read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def write(self, plan: "PatchPlan") -> None:
+        fs.write_plan(self.root, plan)
+
+    def restore(self, plan: "PatchPlan") -> None:
+        fs.restore_plan(self.root, plan)
+
+    def run_python(
+        self,
+        source: str,
+        args: Sequence[str] = (),
+        *,
+        env: Mapping[str, str] | None = None,
+        timeout: float = 600.0,
+    ) -> RunResult:
+        full_env = {**os.environ, **(env or {})}
+        try:
+            done = subprocess.run(
+                [self.python, "-B", "-c", source, *args],
+                capture_output=True, env=full_env, timeout=timeout, cwd=self.root,
+            )
+        except subprocess.TimeoutExpired as exc:
+            return RunResult(returncode=-1, stdout=exc.stdout or b"", stderr=exc.stderr or b"", timed_out=True)
+        return RunResult(returncode=done.returncode, stdout=done.stdout, stderr=done.stderr)
+
+    def _interpreter(self) -> tuple[str, str]:
+        result = self.run_python(
+            "import platform, sys; print(platform.python_version(), sys.implementation.cache_tag)", timeout=60
+        )
+        if result.returncode != 0:
+            raise EnvironmentProblem(
+                f"--python {self.python} does not run: {result.stderr.decode(errors='replace').strip()[:200]}",
+                hint="give a working Python interpreter",
+            )
+        version, cache_tag = result.stdout.decode().split()
+        return version, cache_tag
+
+
+def _find_python(python: str | None) -> str:
+    if python is None:
+        return sys.executable
+    found = shutil.which(python)
+    if found is None:
+        raise TargetNotFound(f"--python {python}: no such interpreter", hint="give the path of the Python that runs the tree")
+    return os.path.abspath(found)
+
+
+def _record(record_path: Path) -> tuple[RecordEntry, ...]:
+    if not record_path.is_file():
+        return ()
+    entries = []
+    with record_path.open(newline="", encoding="utf-8") as fh:
+        for row in csv.reader(fh):
+            if not row:
+                continue
+            hash_field = row[1] if len(row) > 1 else ""
+            size = row[2] if len(row) > 2 else ""
+            entries.append(
+                RecordEntry(
+                    path=row[0],
+                    sha256=_record_hex(hash_field),
+                    size=int(size) if size.isdigit() else None,
+                )
+            )
+    return tuple(entries)
+
+
+def _record_hex(field: str) -> str | None:
+    import base64
+
+    algo, _, b64 = field.partition("=")
+    if algo != "sha256" or not b64:
+        return None
+    return base64.urlsafe_b64decode(b64 + "=" * (-len(b64) % 4)).hex()

@@ -1,0 +1,92 @@
+"""Real vLLM releases for tests: wheels from the package index, cached, never committed.
+
+The cache lives in $DSPARK_PATCH_CACHE (default ~/.cache/dspark-patch). A wheel is fetched once
+with `pip download --no-deps`; an installed tree (a real `pip install --no-deps --target`, with
+its RECORD and console-script entries) is made once per release and then hard-link copied for
+each test. Because trees share inodes with the cache, tests change files only by replacing them
+(`replace_file`), never by writing into them in place; the tool itself writes through
+`os.replace`, so it never touches a shared inode.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from contextlib import contextmanager
+from pathlib import Path
+
+CACHE = Path(os.environ.get("DSPARK_PATCH_CACHE", Path.home() / ".cache" / "dspark-patch"))
+
+
+@contextmanager
+def _locked(name: str):
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / f".{name}.lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        yield
+
+
+def wheel(version: str) -> Path:
+    """The real vllm==VERSION wheel from the package index (downloaded once)."""
+    wheels = CACHE / "wheels"
+    with _locked(f"wheel-{version}"):
+        found = sorted(wheels.glob(f"vllm-{version}-*.whl"))
+        if not found:
+            wheels.mkdir(parents=True, exist_ok=True)
+            subprocess.run(
+                [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
+                 "--disable-pip-version-check", f"vllm=={version}", "-d", str(wheels)],
+                check=True,
+            )
+            found = sorted(wheels.glob(f"vllm-{version}-*.whl"))
+    return found[0]
+
+
+def python_sources(version: str) -> Path:
+    """Only the wheel's .py files, unpacked once (for diffing releases)."""
+    dest = CACHE / "sources" / version
+    with _locked(f"sources-{version}"):
+        if not (dest / ".complete").exists():
+            shutil.rmtree(dest, ignore_errors=True)
+            with zipfile.ZipFile(wheel(version)) as zf:
+                for info in zf.infolist():
+                    if info.filename.endswith(".py"):
+                        zf.extract(info, dest)
+            (dest / ".complete").touch()
+    return dest
+
+
+def installed_tree(version: str) -> Path:
+    """A real `pip install --no-deps --target` of the wheel, made once (read-only by convention)."""
+    dest = CACHE / "trees" / f"vllm-{version}"
+    with _locked(f"tree-{version}"):
+        if not (dest / ".complete").exists():
+            shutil.rmtree(dest, ignore_errors=True)
+            subprocess.run(
+                [sys.executable, "-m", "pip", "install", "--no-deps", "--quiet",
+                 "--disable-pip-version-check", "--target", str(dest / "site-packages"),
+                 str(wheel(version))],
+                check=True,
+            )
+            (dest / ".complete").touch()
+    return dest / "site-packages"
+
+
+def tree_copy(version: str, where: Path) -> Path:
+    """A fresh site-packages for one test: hard links into the cached install."""
+    src = installed_tree(version)
+    where.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["cp", "-al", str(src), str(where)], check=True)
+    return where
+
+
+def replace_file(path: Path, data: bytes) -> None:
+    """Change a file in a hard-linked test tree without touching the cache's inode."""
+    tmp = path.with_name(path.name + ".tmp-test")
+    tmp.write_bytes(data)
+    shutil.copymode(path, tmp)
+    os.replace(tmp, path)
