@@ -20,6 +20,7 @@ from . import __version__
 from .engine.diff import Diff, parse_diff
 from .engine.plan import FilePlan, PatchPlan, plan_patch
 from .errors import (
+    BadInput,
     CompileFailed,
     DsparkPatchError,
     HashMismatch,
@@ -209,10 +210,10 @@ def _apply(request: ApplyRequest, target: Target, run: _Run) -> AuditReport:
         run.notes.append("--allow-unknown-base: pre-image hashes not enforced; relying on zero-fuzz placement alone")
 
     with run.step("plan"):
+        if hash_checks:  # before placing hunks: "not the reviewed file" is the clearer message
+            _check_known_images(diff, variant, dist, reader)
         plan = plan_patch(diff, reader)
         run.files = _file_reports(plan, variant)
-        if hash_checks:
-            _check_pre_images(plan, variant, dist)
         if not patchset.is_bare:
             _check_post_images(plan, variant, enforce=hash_checks or plan.status == "already-applied")
 
@@ -226,7 +227,7 @@ def _apply(request: ApplyRequest, target: Target, run: _Run) -> AuditReport:
             run.skipped(name, "dry run")
         return run.report("dry-run")
 
-    pyc_backup = _bytecode_backup(plan, dist, reader)
+    pyc_before = {pyc: reader(pyc) for pyc in _bytecode_paths(plan, dist)}
     with run.step("write"):
         target.write(plan)
     try:
@@ -242,7 +243,7 @@ def _apply(request: ApplyRequest, target: Target, run: _Run) -> AuditReport:
         _finish_image(request.target, target, dist, plan, patchset, variant, run)
     except BaseException:
         with run.step("restore"):
-            target.restore(pyc_backup)
+            target.restore(_bytecode_restore_plan(target, pyc_before, plan))
             target.restore(plan)
         raise
     return run.report("applied")
@@ -315,7 +316,10 @@ def _select(patchset: PatchSet, dist: Distribution, strip: int | None, run: _Run
     )
     if patchset.is_bare:
         run.notes.append("bare diff file: release and hash checks skipped")
-    diff = parse_diff(variant.diff, strip=patchset.strip if strip is None else strip)
+    try:
+        diff = parse_diff(variant.diff, strip=patchset.strip if strip is None else strip)
+    except BadInput as exc:  # the engine parses bytes; name the file they came from
+        raise type(exc)(f"{variant.diff_path}: {exc.message}", hint=exc.hint) from None
     if not patchset.is_bare:
         in_diff = {fp.path for fp in diff.files}
         if in_diff != set(variant.files):
@@ -327,20 +331,22 @@ def _select(patchset: PatchSet, dist: Distribution, strip: int | None, run: _Run
     return variant, diff
 
 
-def _check_pre_images(plan: PatchPlan, variant: Variant, dist: Distribution) -> None:
+def _check_known_images(diff: Diff, variant: Variant, dist: Distribution, reader: "_CachingReader") -> None:
+    """Each target file must be the reviewed pre-image (matching RECORD) or, if already patched, the post-image."""
     record = {e.path: e.sha256 for e in dist.record}
-    for fp in plan.files:
-        if plan.status == "already-applied":
-            break
-        expected = variant.files[fp.path].pre_sha256
-        if fp.pre_sha256 != expected:
+    for fp in diff.files:
+        expected = variant.files[fp.path]
+        actual = _sha(reader(fp.path))
+        if actual == expected.post_sha256:
+            continue
+        if actual != expected.pre_sha256:
             raise HashMismatch(
-                f"{fp.path}: sha256 {fp.pre_sha256 or 'missing'} is not the {variant.name} pre-image {expected}",
+                f"{fp.path}: sha256 {actual or '(missing)'} is not the {variant.name} pre-image {expected.pre_sha256}",
                 hint="the installed file was changed; reinstall the release, or pass --allow-unknown-base to rely on zero-fuzz placement",
             )
-        if fp.path in record and record[fp.path] is not None and record[fp.path] != expected:
+        if record.get(fp.path) not in (None, expected.pre_sha256):
             raise HashMismatch(
-                f"{fp.path}: RECORD says sha256 {record[fp.path]}, the patch set expects {expected}",
+                f"{fp.path}: RECORD says sha256 {record[fp.path]}, the patch set expects {expected.pre_sha256}",
                 hint="this is not the release's own file list; reinstall the release",
             )
 
@@ -405,17 +411,24 @@ def _integrity(target: Target, dist: Distribution, diff: Diff) -> IntegrityRepor
                            not_checked=tuple(doc["not_checked"]), stale_bytecode=stale)
 
 
-def _bytecode_backup(plan: PatchPlan, dist: Distribution, reader: "_CachingReader") -> PatchPlan:
-    """A plan that puts each patched module's previous .pyc back (or removes a new one) on restore."""
-    files = []
+def _bytecode_paths(plan: PatchPlan, dist: Distribution) -> list[str]:
+    """The cached-bytecode path (relative to location) of every patched module."""
+    paths = []
     for fp in plan.files:
-        if not fp.path.endswith(".py"):
-            continue
-        folder, _, name = fp.path.rpartition("/")
-        pyc = f"{folder}/__pycache__/{name[:-3]}.{dist.cache_tag}.pyc" if folder else f"__pycache__/{name[:-3]}.{dist.cache_tag}.pyc"
-        before = reader(pyc)
-        files.append(FilePlan(path=pyc, action="modify" if before is not None else "add", pre=before, post=None,
-                              pre_sha256=_sha(before), post_sha256=None, placements=()))
+        if fp.path.endswith(".py"):
+            folder, _, name = fp.path.rpartition("/")
+            paths.append(f"{folder + '/' if folder else ''}__pycache__/{name[:-3]}.{dist.cache_tag}.pyc")
+    return paths
+
+
+def _bytecode_restore_plan(target: Target, before: dict[str, bytes | None], plan: PatchPlan) -> PatchPlan:
+    """A plan whose restore puts each module's previous .pyc back (or removes one we created)."""
+    files = []
+    for pyc, old in before.items():
+        now = target.read(pyc)
+        if now != old:
+            files.append(FilePlan(path=pyc, action="modify" if old is not None and now is not None else "add",
+                                  pre=old, post=now, pre_sha256=_sha(old), post_sha256=_sha(now), placements=()))
     return PatchPlan(status="apply", diff_sha256=plan.diff_sha256, files=tuple(files))
 
 
@@ -449,13 +462,12 @@ def _finish_image(spec: TargetSpec, target: Target, dist: Distribution, plan: Pa
 
 
 def _expected_layer(plan: PatchPlan, dist: Distribution) -> set[str]:
-    paths: set[str] = set()
+    paths = {f"{dist.location}/{pyc}" for pyc in _bytecode_paths(plan, dist)}
     for fp in plan.files:
         full = f"{dist.location}/{fp.path}"
         paths.add(full)
         if fp.path.endswith(".py") and fp.post is not None:
-            folder, _, name = full.rpartition("/")
-            paths.add(f"{folder}/__pycache__/{name[:-3]}.{dist.cache_tag}.pyc")
+            folder = full.rpartition("/")[0]
             paths.add(f"{folder}/__pycache__")
         # every folder above a changed file shows as changed ("C") in the container's diff
         parts = full.split("/")

@@ -40,23 +40,12 @@ else:
 
 
 def main() -> None:
+    # Standalone mode: click prints usage errors itself (exit 2) and exits with typer.Exit codes.
     try:
-        app(standalone_mode=False)
+        app()
     except DsparkPatchError as exc:
         error_line(exc)
         sys.exit(exc.exit_code)
-    except typer.Exit as exc:
-        sys.exit(exc.exit_code)
-    except typer.Abort:
-        print("dspark-patch: aborted", file=sys.stderr)
-        sys.exit(130)
     except KeyboardInterrupt:
         print("dspark-patch: interrupted; nothing was committed", file=sys.stderr)
         sys.exit(130)
-    except Exception as exc:  # click usage errors arrive here in standalone_mode=False
-        import click
-
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            sys.exit(2 if isinstance(exc, click.UsageError) else exc.exit_code)
-        raise

@@ -26,25 +26,25 @@ def error_line_text(text: str) -> None:
 
 
 def step_printer(enabled: bool):
-    """A pipeline `on_step` callback that shows each step with its time."""
-    if not enabled:
+    """A pipeline `on_step` callback showing each step live with its time (terminals only;
+    elsewhere the steps are listed once in the closing summary)."""
+    if not enabled or not _err.is_terminal:
         return None
-    tty = _err.is_terminal
 
     def show(step: StepReport) -> None:
-        mark = {"ok": "✓", "failed": "✗", "skipped": "–"}[step.status] if tty else step.status
+        mark = {"ok": "✓", "failed": "✗", "skipped": "–"}[step.status]
+        colour = {"ok": "green", "failed": "red", "skipped": "dim"}[step.status]
         extra = f"  {step.detail}" if step.detail and step.status == "skipped" else ""
-        if tty:
-            colour = {"ok": "green", "failed": "red", "skipped": "dim"}[step.status]
-            _err.print(f"[{colour}]{mark}[/] {step.name:<14} {step.seconds:6.2f}s{extra}")
-        else:
-            print(f"{step.name}: {mark} ({step.seconds:.2f}s){extra}", file=sys.stderr)
+        _err.print(f"[{colour}]{mark}[/] {step.name:<14} {step.seconds:6.2f}s{extra}")
 
     return show
 
 
 def summary(report: AuditReport, report_dir: Path | None) -> None:
-    """One closing summary for people (stderr)."""
+    """One closing summary for people (stderr). Bad input and environment problems get only
+    their one error line (printed by the caller), not a table around it."""
+    if report.exit_code in (2, 3):
+        return
     verdict = "OK" if report.ok else "FAILED"
     rows = [("verdict", f"{verdict}: {report.status}")]
     t = report.target
@@ -71,8 +71,6 @@ def summary(report: AuditReport, report_dir: Path | None) -> None:
         rows.append(("result image", f"{report.result_image.ref} ({report.result_image.id[:19]})"))
     for note in report.notes:
         rows.append(("note", note))
-    for err in report.errors:
-        rows.append(("error", err.message + (f" ({err.hint})" if err.hint else "")))
     if report_dir is not None:
         rows.append(("report", str(report_dir / "audit.json")))
     if _err.is_terminal:
@@ -81,6 +79,8 @@ def summary(report: AuditReport, report_dir: Path | None) -> None:
             table.add_row(f"[bold]{key}[/]", value)
         _err.print(table)
     else:
+        for step in report.steps:
+            print(f"step {step.name}: {step.status} ({step.seconds:.2f}s)" + (f" {step.detail}" if step.status == "skipped" else ""), file=sys.stderr)
         for key, value in rows:
             print(f"{key}: {value}", file=sys.stderr)
 

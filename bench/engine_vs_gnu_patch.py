@@ -1,0 +1,95 @@
+"""Apply the whole vLLM 0.30.0 -> 0.31.0 Python diff with our engine and with GNU patch; print both times.
+
+    .venv/bin/python bench/engine_vs_gnu_patch.py [--rounds 3]
+
+Ours is timed end to end as the CLI would run it: parse the diff, plan every file (reading the
+tree), write the plan (temp file + os.replace per file). GNU patch is `patch -p1 -F0 --batch`
+on the same diff in a copy of the same tree. Both results are checked against the real 0.31.0
+files, so a fast wrong answer cannot pass. Best of N rounds each (the machine may be shared).
+"""
+
+from __future__ import annotations
+
+import argparse
+import filecmp
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from dspark_patch.engine import parse_diff, plan_patch  # noqa: E402
+from dspark_patch.targets.fs import read_inside, write_plan  # noqa: E402
+from tests.support import vllm  # noqa: E402
+
+OLD, NEW = "0.30.0", "0.31.0"
+
+
+def full_diff(sources: Path) -> bytes:
+    # Run from the cache so the headers read "0.30.0/vllm/..." and -p1 leaves "vllm/...";
+    # -N writes added and deleted files as diffs against an empty file ("-0,0" / "+0,0").
+    done = subprocess.run(["diff", "-ruN", f"{OLD}/vllm", f"{NEW}/vllm"], cwd=sources, capture_output=True)
+    assert done.returncode == 1, done.stderr
+    return done.stdout
+
+
+def same_tree(a: Path, b: Path) -> bool:
+    cmp = filecmp.dircmp(a, b)
+    stack = [cmp]
+    while stack:
+        c = stack.pop()
+        if c.left_only or c.right_only or c.diff_files or c.funny_files:
+            return False
+        _, mismatch, errors = filecmp.cmpfiles(c.left, c.right, c.common_files, shallow=False)
+        if mismatch or errors:
+            return False
+        stack.extend(c.subdirs.values())
+    return True
+
+
+def run_ours(diff: bytes, tree: Path) -> float:
+    start = time.perf_counter()
+    plan = plan_patch(parse_diff(diff), lambda rel: read_inside(tree, rel))
+    write_plan(tree, plan)
+    return time.perf_counter() - start
+
+
+def run_gnu(diff: bytes, tree: Path) -> float:
+    start = time.perf_counter()
+    subprocess.run(["patch", "-p1", "-F0", "--batch", "--no-backup-if-mismatch", "-s", "-d", str(tree)], input=diff, check=True)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+
+    old_root, new_root = vllm.python_sources(OLD), vllm.python_sources(NEW)
+    diff = full_diff(old_root.parent)
+    parsed = parse_diff(diff)
+    files, hunks = len(parsed.files), sum(len(f.hunks) for f in parsed.files)
+
+    times: dict[str, list[float]] = {"ours": [], "gnu": []}
+    with tempfile.TemporaryDirectory() as scratch:
+        for round_no in range(args.rounds):
+            for name, run in (("ours", run_ours), ("gnu", run_gnu)):
+                tree = Path(scratch, f"{name}-{round_no}", "t")
+                shutil.copytree(old_root / "vllm", tree / "vllm")
+                times[name].append(run(diff, tree))
+                if not same_tree(tree / "vllm", new_root / "vllm"):
+                    raise SystemExit(f"{name}: the patched tree differs from vLLM {NEW}")
+
+    ours, gnu = min(times["ours"]), min(times["gnu"])
+    print(f"diff vLLM {OLD} -> {NEW}: {len(diff) / 1e6:.1f} MB, {files} files, {hunks} hunks")
+    print(f"{'':24}{'best':>8}  all rounds (s)")
+    print(f"{'dspark-patch engine':24}{ours:8.3f}  {' '.join(f'{t:.3f}' for t in times['ours'])}")
+    print(f"{'GNU patch -p1 -F0':24}{gnu:8.3f}  {' '.join(f'{t:.3f}' for t in times['gnu'])}")
+    print(f"ratio ours / GNU patch: {ours / gnu:.2f}x (target: within 3x); both trees equal vLLM {NEW}")
+
+
+if __name__ == "__main__":
+    main()

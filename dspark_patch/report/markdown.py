@@ -1,0 +1,198 @@
+"""audit.md: the page a reviewer reads in a PR or a CI step summary.
+
+Verdict first (one line a reviewer can stop at), then the evidence in the order one would
+check it: which image became which, which patch and release, each file's hashes and hunk
+placements, compile, probe, the committed layer, and for a failure what to do next.
+"""
+
+from __future__ import annotations
+
+from dspark_patch.report.model import AuditReport, FileReport, ImageRef
+
+_VERDICT = {
+    "applied": "applied",
+    "already-applied": "already applied",
+    "verified": "verified",
+    "dry-run": "dry run",
+    "probed": "probe passed",
+    "failed": "failed",
+}
+
+
+def _cell(text: object) -> str:
+    """Text safe inside a GFM table cell: no pipes, no line breaks, no raw HTML."""
+    s = str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return s.replace("|", "\\|").replace("\r\n", "<br>").replace("\n", "<br>")
+
+
+def _code(text: object) -> str:
+    if text is None or text == "":
+        return "—"
+    s = str(text).replace("|", "\\|").replace("\n", " ")
+    return f"`` {s} ``" if "`" in s else f"`{s}`"
+
+
+def _mark(ok: bool) -> str:
+    return "✅" if ok else "❌"
+
+
+def _summary_line(report: AuditReport) -> str:
+    patch = report.patch
+    what = f"patch `{patch.id}`" if patch and patch.id else "a bare diff" if patch else "no patch"
+    if patch and patch.variant:
+        what += f" (variant `{patch.variant}`)"
+    n = len(report.files)
+    files = f"{n} file{'s' if n != 1 else ''}"
+    after = f" → `{report.result_image.ref}`" if report.result_image else ""
+    match report.status:
+        case "applied":
+            return f"Applied {what} to {files} of `{report.target.ref}`{after}; every hunk placed with zero fuzz."
+        case "already-applied":
+            return f"{what[0].upper()}{what[1:]} is already in `{report.target.ref}`; nothing was changed."
+        case "verified":
+            return f"`{report.target.ref}` carries {what}: {files} equal their post-images."
+        case "dry-run":
+            return f"Dry run: {what} places on {files} of `{report.target.ref}` with zero fuzz; nothing was written."
+        case "probed":
+            cases = len(report.probe.cases)
+            return f"The probe passed in `{report.target.ref}` ({cases} case{'s' if cases != 1 else ''})."
+        case "failed":
+            first = report.errors[0].message if report.errors else "see the errors below"
+            return f"Failed: {first}"
+
+
+def _image_row(label: str, image: ImageRef | None) -> str:
+    if image is None:
+        return f"| {label} | — | — | — |"
+    return f"| {label} | {_code(image.ref)} | {_code(image.id)} | {_code(image.repo_digest)} |"
+
+
+def _hash_row(label: str, actual: str | None, expected: str | None) -> str:
+    if expected is None:
+        check = "not known"
+    else:
+        check = "✅ matches" if actual == expected else "❌ differs"
+    return f"| {label} | {_code(actual)} | {_code(expected)} | {check} |"
+
+
+def _file_section(f: FileReport, *, changed_here: bool) -> list[str]:
+    out = [f"### {_code(f.path)} ({f.action})", "", "| | sha256 | expected | |", "|---|---|---|---|"]
+    # Only a run that changes the file has a "before" to check; an already patched file or a
+    # verify run holds the post-image alone, and comparing it to the pre-image would show a
+    # false "differs".
+    if changed_here:
+        out.append(_hash_row("before", f.pre_sha256, f.expected_pre_sha256))
+    out += [_hash_row("after" if changed_here else "now", f.post_sha256, f.expected_post_sha256), ""]
+    if f.hunks:
+        out += ["| hunk | header line | placed at | offset | fuzz |", "|---:|---:|---:|---:|---:|"]
+        out += [f"| {h.index} | {h.source_start} | {h.applied_at} | {h.offset:+d} | {h.fuzz} |" for h in f.hunks]
+        out.append("")
+    return out
+
+
+def to_markdown(report: AuditReport) -> str:
+    lines: list[str] = [
+        f"## {_mark(report.ok)} dspark-patch {report.command}: {_VERDICT[report.status]}",
+        "",
+        _summary_line(report),
+        "",
+    ]
+
+    if report.errors:
+        lines += ["### What went wrong", ""]
+        for e in report.errors:
+            lines.append(f"- **{_cell(e.kind)}** (exit {e.exit_code}): {_cell(e.message)}")
+            if e.hint:
+                lines.append(f"  - What to do: {_cell(e.hint)}")
+        lines.append("")
+
+    t = report.target
+    lines += ["### Target", "", "| | ref | image id | repo digest |", "|---|---|---|---|"]
+    if t.kind == "image":
+        lines += [_image_row("before", t.image), _image_row("after", report.result_image)]
+    else:
+        lines.append(f"| local tree | {_code(t.ref)} | — | — |")
+    lines.append("")
+    facts: list[tuple[str, str]] = []
+    if t.distribution:
+        d = t.distribution
+        facts += [("release", f"{_code(d.name)} {_code(d.version)}"), ("location", _code(d.location))]
+    if t.python:
+        facts.append(("python", f"{_code(t.python)} {_cell(t.python_version or '')}".rstrip()))
+    p = report.patch
+    if p:
+        facts += [
+            ("patch", _code(p.id) if p.id else "bare diff"),
+            ("variant", _code(p.variant)),
+            ("diff sha256", _code(p.sha256)),
+            ("source", _code(p.source)),
+            ("hash checks", "on" if p.hash_checks else "off: placement at zero fuzz was the only guard"),
+        ]
+    facts += [("tool", f"dspark-patch {_cell(report.tool_version)}"), ("started", _cell(report.started_at))]
+    lines += ["| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in facts), ""]
+
+    if report.files:
+        lines += ["### Files", ""]
+        changed_here = report.command == "apply" and report.status != "already-applied"
+        for f in report.files:
+            lines += _file_section(f, changed_here=changed_here)
+
+    c = report.compile
+    lines += ["### Byte-compile", ""]
+    if not c.ran:
+        lines += ["Not run.", ""]
+    else:
+        lines += ["| file | result | detail |", "|---|---|---|"]
+        lines += [f"| {_code(cf.path)} | {_mark(cf.ok)} | {_cell(cf.detail)} |" for cf in c.files]
+        lines.append("")
+
+    pr = report.probe
+    lines += ["### Probe", ""]
+    if not pr.ran:
+        lines += [f"Not run{': ' + _cell(pr.detail) if pr.detail else '.'}", ""]
+    else:
+        if pr.detail:
+            lines += [_cell(pr.detail), ""]
+        lines += ["| case | result | detail |", "|---|---|---|"]
+        lines += [f"| {_code(pc.name)} | {_mark(pc.ok)} | {_cell(pc.detail)} |" for pc in pr.cases]
+        lines.append("")
+
+    i = report.integrity
+    if i is not None:
+        lines += ["### Integrity of the rest of the distribution", ""]
+        lines.append(f"{i.checked} other files checked against RECORD.")
+        for label, paths in (
+            ("❌ differ from RECORD", i.mismatched),
+            ("❌ missing", i.missing),
+            ("❌ stale bytecode", i.stale_bytecode),
+            ("not checked (outside the distribution's folder, never followed)", i.not_checked),
+        ):
+            if paths:
+                lines += ["", f"{label}:", *(f"- {_code(x)}" for x in paths)]
+        lines.append("")
+
+    layer = report.layer
+    if layer is not None:
+        lines += [f"### Layer {_mark(layer.ok)}", ""]
+        if layer.changes:
+            lines += ["| change | path |", "|---|---|", *(f"| {ch.kind} | {_code(ch.path)} |" for ch in layer.changes)]
+        else:
+            lines.append("No changes.")
+        if layer.unexpected:
+            lines += ["", "Unexpected (refused the commit):", *(f"- {ch.kind} {_code(ch.path)}" for ch in layer.unexpected)]
+        lines.append("")
+
+    if report.labels:
+        lines += ["### Labels", "", "| label | value |", "|---|---|"]
+        lines += [f"| {_code(k)} | {_code(v)} |" for k, v in report.labels]
+        lines.append("")
+
+    if report.steps:
+        lines += ["### Steps", "", "| step | status | seconds | detail |", "|---|---|---:|---|"]
+        lines += [f"| {_cell(s.name)} | {s.status} | {s.seconds:.2f} | {_cell(s.detail)} |" for s in report.steps]
+        lines.append("")
+
+    if report.notes:
+        lines += ["### Notes", "", *(f"- {_cell(n)}" for n in report.notes), ""]
+
+    return "\n".join(lines)

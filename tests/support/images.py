@@ -1,0 +1,56 @@
+"""The test images, built by the project's own scripts (scripts/build-images), never pulled.
+
+The first call in a test session runs the script (a few minutes on a fresh machine: debootstrap,
+pip, docker build; seconds once the content tags exist) and reads the refs it prints. A missing
+or broken engine makes the script fail, and so the tests that need an image fail too: they are
+never skipped.
+"""
+
+from __future__ import annotations
+
+import functools
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@functools.cache
+def built_images() -> dict[str, str]:
+    """name -> content-tagged ref, for every image scripts/build-images makes."""
+    done = subprocess.run(
+        [str(ROOT / "scripts" / "build-images")], capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"scripts/build-images failed (exit {done.returncode}):\n{done.stderr[-4000:]}"
+        )
+    refs = {}
+    for line in done.stdout.splitlines():
+        name, _, ref = line.partition(" ")
+        refs[name] = ref
+    return refs
+
+
+def fixture_image() -> str:
+    """The serving image with the real vLLM 0.33.0 wheel and CPU torch installed."""
+    return built_images()["vllm-fixture"]
+
+
+def no_python_image() -> str:
+    """Debian with python removed: the tool must refuse it."""
+    return built_images()["no-python"]
+
+
+def no_vllm_image() -> str:
+    """Debian with python3 but no vLLM: locating vLLM must fail."""
+    return built_images()["no-vllm"]
+
+
+def server_double_image() -> str:
+    """A test double of a serving image: its entrypoint only logs a few lines, then waits."""
+    return built_images()["server-double"]
+
+
+def base_image() -> str:
+    return built_images()["base"]

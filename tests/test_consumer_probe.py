@@ -1,0 +1,198 @@
+"""The consumer CPU probe, run as the image pipeline runs it: a separate interpreter over real trees.
+
+Trees are real vLLM 0.33.0 installs (hard-linked from the cache), patched by our engine; the
+deliberately broken variants change one real file through `replace_file`.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dspark_patch.engine.diff import parse_diff
+from dspark_patch.engine.plan import plan_patch
+from dspark_patch.patchset import load_dir
+from dspark_patch.targets.fs import read_inside, write_plan
+from tests.support import vllm
+
+REPO = Path(__file__).resolve().parents[1]
+PROBE = REPO / "dspark_patch" / "probe" / "consumer_probe.py"
+PATCH_DIR = REPO / "patches" / "dspark-skip-mtp-buffer"
+MODEL = "vllm/models/deepseek_v4/nvidia/model.py"
+DFLASH = "vllm/v1/worker/gpu/spec_decode/dflash/speculator.py"
+DSPARK = "vllm/v1/worker/gpu/spec_decode/dspark/speculator.py"
+UTILS = "vllm/v1/worker/gpu/spec_decode/utils.py"
+
+CASES = [
+    "envs-registration",
+    "decision-function-present",
+    "decision-flag-unset",
+    "decision-flag-0",
+    "decision-flag-1",
+    "decision-flag-invalid",
+    "allocation-site",
+    "consumer-resolution",
+    "consumer-ordinary",
+    "consumer-partial-graph-staging",
+    "consumer-all-staged",
+    "consumer-negative-control",
+    "drafter-hidden-states-fallback",
+    "no-vllm-import",
+]
+# What an unpatched 0.33.0 tree fails: everything the patch adds; the consumer facts hold anyway.
+FAILS_UNPATCHED = {
+    "envs-registration",
+    "decision-function-present",
+    "decision-flag-unset",
+    "decision-flag-0",
+    "decision-flag-1",
+    "decision-flag-invalid",
+    "allocation-site",
+}
+
+
+def apply_patch_set(tree: Path) -> Path:
+    variant = load_dir(PATCH_DIR).variant_for("0.33.0")
+    write_plan(tree, plan_patch(parse_diff(variant.diff, strip=1), lambda rel: read_inside(tree, rel)))
+    return tree
+
+
+def probe(*args: str, python: list[str] | None = None, env: dict | None = None, cwd: Path | None = None):
+    run = subprocess.run(
+        [*(python or [sys.executable, "-B", str(PROBE)]), *args],
+        capture_output=True, text=True, cwd=cwd,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": "", **(env or {})},
+    )
+    return run
+
+
+def cases_of(run) -> dict[str, dict]:
+    doc = json.loads(run.stdout)
+    assert doc["schema"] == "dspark-patch/probe/v1"
+    assert doc["ok"] is all(c["ok"] for c in doc["cases"])
+    for case in doc["cases"]:
+        assert set(case) == {"name", "ok", "detail"} and isinstance(case["detail"], str) and case["detail"]
+    return {c["name"]: c for c in doc["cases"]}
+
+
+def edit(tree: Path, rel: str, old: str, new: str) -> None:
+    path = tree / rel
+    source = path.read_text()
+    assert source.count(old) == 1, f"{old!r} not found once in {rel}"
+    vllm.replace_file(path, source.replace(old, new).encode())
+
+
+@pytest.fixture(scope="module")
+def patched(tmp_path_factory) -> Path:
+    return apply_patch_set(vllm.tree_copy("0.33.0", tmp_path_factory.mktemp("probe033") / "site-packages"))
+
+
+def test_probe_passes_on_the_patched_tree(patched):
+    run = probe("--site", str(patched), "--json")
+    assert run.returncode == 0, run.stdout + run.stderr
+    cases = cases_of(run)
+    assert list(cases) == CASES
+    assert all(c["ok"] for c in cases.values())
+    assert "128.00 MiB" in cases["allocation-site"]["detail"]
+    assert "DFlashSpeculator" in cases["consumer-resolution"]["detail"]
+
+
+def test_probe_run_from_its_source_writes_nothing(patched, tmp_path):
+    # The image pipeline passes the source with -c: no __file__, no bytecode, no temp files.
+    before = sorted(p for p in patched.rglob("*") if p.is_file() and "__pycache__" in p.parts)
+    run = probe("--site", str(patched), python=[sys.executable, "-B", "-c", PROBE.read_text()],
+                cwd=tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert list(cases_of(run)) == CASES
+    after = sorted(p for p in patched.rglob("*") if p.is_file() and "__pycache__" in p.parts)
+    assert before == after
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_probe_source_is_standalone_and_small():
+    source = PROBE.read_text()
+    assert len(source.encode()) < 100_000
+    tree = ast.parse(source)
+    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    assert "__file__" not in names
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert imported <= set(sys.stdlib_module_names) | {"torch", "__future__"}
+
+
+def test_probe_fails_on_an_unpatched_tree_but_the_consumer_cases_pass(vllm033_tree):
+    run = probe("--site", str(vllm033_tree))
+    assert run.returncode == 1, run.stderr
+    cases = cases_of(run)
+    assert {n for n, c in cases.items() if not c["ok"]} == FAILS_UNPATCHED
+    assert "patch is not applied" in cases["decision-function-present"]["detail"]
+
+
+def test_probe_fails_when_dspark_overrides_the_consumer_to_read_the_residual(vllm033_tree):
+    # Resolution goes through the installed class: an override in DSparkSpeculator wins.
+    apply_patch_set(vllm033_tree)
+    edit(vllm033_tree, DSPARK, '    _speculator_name = "DSpark"\n',
+         '    _speculator_name = "DSpark"\n\n'
+         "    def _store_hidden_states(self, num_tokens, last_hidden_states, aux_hidden_states,"
+         " num_graph_tokens=0):\n"
+         "        self.hidden_states[:num_tokens].copy_(last_hidden_states[:num_tokens])\n")
+    run = probe("--site", str(vllm033_tree))
+    assert run.returncode == 1
+    cases = cases_of(run)
+    assert cases["consumer-resolution"]["detail"].endswith("dspark/speculator.py)")
+    assert not cases["consumer-ordinary"]["ok"] and "residual" in cases["consumer-ordinary"]["detail"]
+
+
+def test_negative_control_fails_when_the_fallback_no_longer_reads_the_residual(vllm033_tree):
+    apply_patch_set(vllm033_tree)
+    edit(vllm033_tree, DFLASH, "            hidden_states = last_hidden_states[start:num_tokens]\n",
+         "            hidden_states = torch.zeros_like(self.hidden_states[start:num_tokens])\n")
+    run = probe("--site", str(vllm033_tree))
+    assert run.returncode == 1
+    cases = cases_of(run)
+    assert [n for n, c in cases.items() if not c["ok"]] == ["consumer-negative-control"]
+    assert "did not read the residual" in cases["consumer-negative-control"]["detail"]
+
+
+def test_probe_fails_when_the_decision_ignores_pipeline_parallelism(vllm033_tree):
+    apply_patch_set(vllm033_tree)
+    edit(vllm033_tree, MODEL, "    if vllm_config.parallel_config.pipeline_parallel_size != 1:\n        return False\n", "")
+    run = probe("--site", str(vllm033_tree))
+    assert run.returncode == 1
+    cases = cases_of(run)
+    assert not cases["decision-flag-1"]["ok"] and "PP2" in cases["decision-flag-1"]["detail"]
+    assert cases["decision-flag-0"]["ok"] and cases["consumer-ordinary"]["ok"]
+
+
+def test_probe_fails_when_the_drafter_no_longer_falls_back(vllm033_tree):
+    apply_patch_set(vllm033_tree)
+    edit(vllm033_tree, UTILS, "    if target_hidden_states is None:\n        return hidden_states\n", "")
+    run = probe("--site", str(vllm033_tree))
+    assert run.returncode == 1
+    cases = cases_of(run)
+    assert [n for n, c in cases.items() if not c["ok"]] == ["drafter-hidden-states-fallback"]
+
+
+def test_probe_never_imports_vllm_even_when_it_is_importable(patched):
+    run = probe("--site", str(patched), env={"PYTHONPATH": str(patched)})
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert cases_of(run)["no-vllm-import"]["ok"]
+
+
+def test_missing_site_is_bad_usage(tmp_path):
+    run = probe("--site", str(tmp_path / "nowhere"))
+    assert run.returncode == 2 and run.stdout == ""
+    assert "no vllm package" in run.stderr
+    assert probe().returncode == 2  # --site is required
+
+
+def test_interpreter_without_torch_is_an_environment_problem(patched):
+    # -S leaves the venv's site-packages (and so torch) off sys.path.
+    run = probe("--site", str(patched), python=[sys.executable, "-S", "-B", str(PROBE)])
+    assert run.returncode == 3 and "torch is not importable" in run.stderr
