@@ -178,11 +178,11 @@ def kvlog_double() -> str:
     tag = f"dspark-patch/kvlog-double:{digest.hexdigest()[:12]}"
     client = docker.from_env()
     try:
-        return client.images.get(tag).id and tag
+        client.images.get(tag)
     except docker.errors.ImageNotFound:
         client.images.build(path=str(context), buildargs={"BASE": base}, tag=tag, rm=True,
                             network_mode="none")
-        return tag
+    return tag
 
 
 def _double_env(log: str) -> dict[str, str]:
@@ -234,3 +234,22 @@ def test_evaluate_end_to_end_fails_when_one_rank_keeps_its_buffer(tmp_path: Path
     assert doc["comparison"]["omission_ranks_on"] == ["TP0"]
     assert "TP1" in message
     assert (tmp_path / "evaluation.json").exists() and (tmp_path / "server-flag-on.log").exists()
+
+
+@pytest.mark.docker
+def test_evaluate_end_to_end_server_dying_before_its_kv_lines_fails_naming_them(
+    tmp_path: Path, kvlog_double: str,
+):
+    code, out, _ = invoke(
+        "evaluate", "--image", kvlog_double, "--no-gpus", "--timeout", "60",
+        "--report-dir", str(tmp_path), "--env", "KVLOG_DOUBLE_MODE=no-kv", "--json",
+    )
+    assert code == 1
+    doc = json.loads(out)
+    assert [run["exit_code"] for run in doc["runs"]] == [1, 1]
+    assert any("exited (code 1)" in note for note in doc["notes"])
+    # The on run logged its omission for TP0 and TP1, so the missing lines are named per rank.
+    for log in ("server-flag-off.log", "server-flag-on.log"):
+        for rank in ("TP0", "TP1"):
+            assert any(log in r and "Available KV cache memory" in r and rank in r for r in doc["reasons"])
+        assert any(log in r and "KV cache size" in r for r in doc["reasons"])

@@ -12,6 +12,7 @@ import typer
 
 from ..errors import DsparkPatchError
 from . import apply as apply_cmd
+from . import evaluate as evaluate_cmd
 from . import patches as patches_cmd
 from . import report as report_cmd
 from . import verify as verify_cmd
@@ -28,15 +29,8 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 
-for module in (apply_cmd, verify_cmd, patches_cmd, report_cmd):
+for module in (apply_cmd, verify_cmd, patches_cmd, report_cmd, evaluate_cmd):
     module.register(app)
-
-try:  # evaluation commands (estimate, kv-compare, evaluate)
-    from . import evaluate as evaluate_cmd
-except ImportError:  # pragma: no cover - only while that module is absent
-    evaluate_cmd = None
-else:
-    evaluate_cmd.register(app)
 
 
 def main() -> None:

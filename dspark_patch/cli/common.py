@@ -49,10 +49,8 @@ def finish(report: AuditReport, *, report_dir: Path | None, as_json: bool, junit
     render.write_report_dir(report, folder)
     if junit is not None:
         junit.parent.mkdir(parents=True, exist_ok=True)
-        junit.write_text(render.to_junit(report), encoding="utf-8")
-    step_summary = output.github_summary_path()
-    if step_summary is not None:
-        summary.append_step_summary(report, step_summary)
+        render.write_text_atomic(junit, render.to_junit(report))
+    summary.append_step_summary_from_env(report)
     if as_json:
         output.print_json(render.to_json(report))
     else:

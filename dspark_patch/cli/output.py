@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -92,8 +91,3 @@ def print_json(text: str) -> None:
 
 def print_text(text: str) -> None:
     _out.print(text, markup=False)
-
-
-def github_summary_path() -> Path | None:
-    value = os.environ.get("GITHUB_STEP_SUMMARY")
-    return Path(value) if value else None

@@ -222,32 +222,33 @@ def _check_whole_file(hunks: tuple[Hunk, ...], path: str, *, kind: str, what: st
 
 
 def _hunk(hunk, index: int, shown: str) -> Hunk:
+    # The hot loop of parsing a release-sized diff (~10^5 lines): names bound locally on purpose.
     lines: list[HunkLine] = []
+    append, make = lines.append, HunkLine
     for line in hunk:
         kind = line.line_type
-        if kind == "\\":
+        if kind == " " or kind == "-" or kind == "+":
+            text = line.value.encode(_ENCODING, _ERRORS)
+            if text[-1:] != b"\n":
+                # Only the diff's very last line can lack its newline (an editor ate it);
+                # an intended missing newline is always spelled with the marker below.
+                text += b"\n"
+            append(make(kind=kind, text=text))
+        elif kind == "\\":
             # "\ No newline at end of file" refers to the line before it; a context line lacks
             # its newline on both sides, so stripping it here serves source and target alike.
             if not lines or not lines[-1].text.endswith(b"\n"):
                 raise MalformedPatch(f"{shown}: hunk #{index} has a stray '\\ No newline at end of file' marker")
             last = lines[-1]
-            lines[-1] = HunkLine(kind=last.kind, text=last.text[:-1])
-        elif kind in (" ", "-", "+"):
-            text = line.value.encode(_ENCODING, _ERRORS)
-            if not text.endswith(b"\n"):
-                # Only the diff's very last line can lack its newline (an editor ate it);
-                # an intended missing newline is always spelled with the marker above.
-                text += b"\n"
-            lines.append(HunkLine(kind=kind, text=text))
+            lines[-1] = make(kind=last.kind, text=last.text[:-1])
         # "" is a blank separator unidiff keeps after a hunk: not part of the file.
-    section = hunk.section_header.rstrip("\r\n")
     return Hunk(
         index=index,
         source_start=hunk.source_start,
         source_length=hunk.source_length,
         target_start=hunk.target_start,
         target_length=hunk.target_length,
-        section=section,
+        section=hunk.section_header.rstrip("\r\n"),
         lines=tuple(lines),
     )
 

@@ -6,6 +6,8 @@ The message texts are vLLM's own (0.33.0 file:line; 0.30.0/0.31.0 print the same
                                     tokens per request: %.2fx"                 (each EngineCore)
   v1/worker/gpu_model_runner.py:6410  "Estimated CUDA graph memory: %.2f GiB total"
   v1/worker/gpu_model_runner.py:6517  "Graph capturing finished in %.0f secs, took %.2f GiB"
+  v1/worker/gpu/model_runner.py:1164  the same, from the V2 runner: once for the profiling capture
+                                    (before the KV line) and once for the real one (after)
   v1/worker/gpu_worker.py:1004     "CUDA graph pool memory: %s GiB (actual), %s GiB (estimated), ..."
 Older releases (the 0.9-0.11 line) logged the capacity as two lines, "GPU KV cache size: %s
 tokens" and "Maximum concurrency for %s tokens per request: %.2fx"; both shapes are read.

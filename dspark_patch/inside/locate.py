@@ -30,12 +30,14 @@ def locate(name: str) -> dict:
     """Describe distribution `name` as this interpreter sees it.
 
     Returns a JSON-ready dict: always `found`, `python`, `python_version`, `sys_path`; when
-    found also `name`, `version`, `location`, `package_dir` and `record` ([path, sha256, size]).
+    found also `name`, `version`, `location`, `package_dir`, `record_file` (RECORD's path
+    relative to `location`, or None) and `record` ([path, sha256, size]).
     """
     result: dict = {
         "found": False,
         "python": sys.executable,
         "python_version": platform.python_version(),
+        "cache_tag": sys.implementation.cache_tag,
         "sys_path": [p for p in sys.path if p],
     }
     try:
@@ -51,14 +53,18 @@ def locate(name: str) -> dict:
     if spec is not None and spec.submodule_search_locations:
         package_dir = os.path.normpath(list(spec.submodule_search_locations)[0])
     record = []
+    record_file = None
     for entry in dist.files or ():
         record.append([str(entry), _hex_sha256(entry.hash), entry.size])
+        if str(entry).endswith(".dist-info/RECORD"):
+            record_file = str(entry)
     result.update(
         found=True,
         name=dist.metadata["Name"],
         version=dist.version,
         location=location,
         package_dir=package_dir,
+        record_file=record_file,
         record=record,
     )
     return result

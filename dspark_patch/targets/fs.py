@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import stat
-import tempfile
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +21,7 @@ from dspark_patch.errors import BadInput, EnvironmentProblem, HashMismatch, Targ
 _NEW_FILE_MODE = 0o644
 _NEW_DIR_MODE = 0o755
 _TMP_SUFFIX = ".dspark-tmp"
+_tmp_numbers = itertools.count()
 
 
 def resolve_inside(root: Path, rel: str) -> Path:
@@ -87,7 +88,8 @@ class _Step:
 
 def _commit(root: Path, changes: list[_Change]) -> None:
     # Check everything before touching anything: a refusal here leaves the tree as it was.
-    checked = [(change, *_check(root, change)) for change in changes]
+    parents: dict[str, Path] = {}  # one transaction: each directory resolved once
+    checked = [(change, *_check(root, change, parents)) for change in changes]
     done: list[_Step] = []
     for change, dest, mode in checked:
         try:
@@ -106,8 +108,8 @@ def _commit(root: Path, changes: list[_Change]) -> None:
             ) from exc
 
 
-def _check(root: Path, change: _Change) -> tuple[Path, int]:
-    dest = _write_path(root, change.rel)
+def _check(root: Path, change: _Change, parents: dict[str, Path]) -> tuple[Path, int]:
+    dest = _write_path(root, change.rel, parents)
     try:
         st = os.lstat(dest)
     except FileNotFoundError:
@@ -173,7 +175,10 @@ def _remove_dirs(created: list[Path]) -> None:
 
 
 def _put(dest: Path, data: bytes, mode: int) -> None:
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=_TMP_SUFFIX)
+    # Same directory as the destination, so os.replace is an atomic rename on one filesystem.
+    # O_EXCL|O_NOFOLLOW: never write into something that appeared under our temporary name.
+    tmp = f"{dest.parent}/.{dest.name}.{os.getpid()}.{next(_tmp_numbers)}{_TMP_SUFFIX}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
@@ -187,12 +192,13 @@ def _put(dest: Path, data: bytes, mode: int) -> None:
         raise
 
 
-def _write_path(root: Path, rel: str) -> Path:
+def _write_path(root: Path, rel: str, parents: dict[str, Path]) -> Path:
     """Where `rel` is written: its directory resolved inside the tree, its own name never a link."""
-    base = _root(root)
     _check_relative(rel)
     head, _, name = rel.rstrip("/").rpartition("/")
-    parent = resolve_inside(base, head) if head else base
+    parent = parents.get(head)
+    if parent is None:
+        parent = parents[head] = resolve_inside(root, head) if head else _root(root)
     dest = parent / name
     if dest.is_symlink():
         raise UnsafePatch(

@@ -223,9 +223,17 @@ class DockerEngine:
         return digest
 
     # --- containers ---------------------------------------------------------------------
-    def our_containers(self) -> list[Container]:
-        found = self.client.containers.list(all=True, filters={"name": NAME_PREFIX})
-        return [c for c in found if _Owner.parse(c.name) is not None]
+    def our_containers(self) -> list[tuple[str, str]]:
+        """(id, name) of every container of ours on the engine, running or not."""
+        # The low-level list: the high-level one inspects each container, and containers of
+        # other runs may vanish in between.
+        found = self.client.api.containers(all=True, filters={"name": NAME_PREFIX})
+        ours = []
+        for entry in found:
+            for name in entry.get("Names") or ():
+                if _Owner.parse(name) is not None:
+                    ours.append((entry["Id"], name.lstrip("/")))
+        return ours
 
     def gc_containers(self, *, include_kept: bool = False, include_other_hosts: bool = False) -> list[str]:
         """Remove containers of ours whose run is gone; returns their names.
@@ -234,8 +242,8 @@ class DockerEngine:
         purpose (unless `include_kept`), or when it was made on another host (unless
         `include_other_hosts`: its owner cannot be checked from here)."""
         removed = []
-        for container in self.our_containers():
-            owner = _Owner.parse(container.name)
+        for container_id, name in self.our_containers():
+            owner = _Owner.parse(name)
             assert owner is not None
             if owner.kept and not include_kept:
                 continue
@@ -244,10 +252,14 @@ class DockerEngine:
             if owner.here and owner.alive():
                 continue
             try:
-                container.remove(force=True, v=True)
+                self.client.api.remove_container(container_id, force=True, v=True)
             except docker.errors.NotFound:
                 continue
-            removed.append(container.name)
+            except docker.errors.APIError as exc:
+                if "already in progress" in str(exc):  # another run is collecting it right now
+                    continue
+                raise
+            removed.append(name)
         return removed
 
     def run_server(
@@ -455,6 +467,8 @@ class ImageTarget:
             location=found["location"],
             python=found["python"],
             python_version=found["python_version"],
+            cache_tag=found["cache_tag"],
+            record_file=found["record_file"],
             record=tuple(RecordEntry(path=p, sha256=h, size=s) for p, h, s in found["record"]),
         )
         return self._dist
