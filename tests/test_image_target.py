@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import uuid
 import zipfile
 
 import docker
@@ -49,6 +50,11 @@ def _ours(engine: DockerEngine) -> set[str]:
 def _mine(engine: DockerEngine) -> set[str]:
     """Containers of ours made by this test process (other runs may share the engine)."""
     return {name for name in _ours(engine) if f"--{os.getpid()}--" in name}
+
+
+def _images_marked(engine: DockerEngine, mark: dict[str, str]) -> list[str]:
+    [(key, value)] = mark.items()
+    return [i.id for i in engine.client.images.list(all=True, filters={"label": f"{key}={value}"})]
 
 
 def _plan(*files: FilePlan) -> PatchPlan:
@@ -334,19 +340,20 @@ def test_existing_tag_is_refused_without_force_and_moved_with_it(engine, fixture
     tag = "dspark-patch/test-commit:exists"
     engine.tag(engine.image_info(images.no_vllm_image()).id, tag)
     before = engine.image_info(tag).id
-    images_before = {i.id for i in engine.client.images.list()}
+    mark = {"io.github.dspark-patch.test-run": uuid.uuid4().hex}
     try:
         with ImageTarget(fixture_ref, engine=engine) as target:
             target.locate("vllm")
             pre = target.read(ENVS)
             target.write(_plan(_modify(ENVS, pre, pre + b"# x\n")))
             with pytest.raises(TagExists) as refused:
-                target.commit(labels={}, tag=tag)
+                target.commit(labels=mark, tag=tag)
             assert refused.value.exit_code == 2
             assert engine.image_info(tag).id == before
-            assert {i.id for i in engine.client.images.list()} == images_before
-            moved = target.commit(labels={}, tag=tag, force=True)
+            assert _images_marked(engine, mark) == []
+            moved = target.commit(labels=mark, tag=tag, force=True)
         assert engine.image_info(tag).id == moved.id != before
+        assert _images_marked(engine, mark) == [moved.id]
     finally:
         engine.remove_image(tag, force=True)
 
@@ -356,16 +363,17 @@ def test_commit_of_an_image_with_neither_entrypoint_nor_cmd_is_refused_untagged(
     bare_tag = "dspark-patch/test-bare:nocmd"
     tag = "dspark-patch/test-bare:result"
     dockerfile = f"FROM {engine.image_info(images.base_image()).id}\nCMD []\n".encode()
-    engine.client.images.build(fileobj=io.BytesIO(dockerfile), tag=bare_tag, network_mode="none")
+    engine.client.images.build(fileobj=io.BytesIO(dockerfile), tag=bare_tag, network_mode="none",
+                              rm=True, forcerm=True)
     try:
         assert not engine.image_info(bare_tag).config["Cmd"]
-        images_before = {i.id for i in engine.client.images.list()}
+        mark = {"io.github.dspark-patch.test-run": uuid.uuid4().hex}
         with ImageTarget(bare_tag, engine=engine) as target:
             target.run_python("open('/srv/y', 'w').write('y')")
             with pytest.raises(CheckFailed, match="Cmd"):
-                target.commit(labels={}, tag=tag)
+                target.commit(labels=mark, tag=tag)
         assert not engine.tag_exists(tag)
-        assert {i.id for i in engine.client.images.list()} == images_before
+        assert _images_marked(engine, mark) == []  # the unverified commit was removed
     finally:
         engine.remove_image(bare_tag, force=True)
 

@@ -18,6 +18,7 @@ Traps this module exists to avoid (each one seen on a real engine):
 from __future__ import annotations
 
 import copy
+import json
 import io
 import os
 import posixpath
@@ -83,6 +84,7 @@ class CommittedImage:
     ref: str                      # the tag given, or the id when committed without a tag
     id: str
     layers: int
+    repo_digest: str | None = None  # the registry's manifest digest once pushed (never here)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -337,7 +339,7 @@ class DockerEngine:
 
 def gc_containers(engine: DockerEngine | None = None, *, include_kept: bool = True) -> list[str]:
     """What `dspark-patch gc` runs: remove every container of ours whose run is gone,
-    including kept ones (the user asked to clean up). Returns the removed ids."""
+    including kept ones (the user asked to clean up). Returns the removed containers' names."""
     return (engine or DockerEngine()).gc_containers(include_kept=include_kept)
 
 
@@ -378,9 +380,7 @@ class ImageTarget:
 
     def _start(self) -> None:
         assert self._engine and self._source
-        tried = []
         for python in ("python3", "python"):
-            tried.append(python)
             config = _keepalive_config(self._source.config, python)
             self._container = self._engine.client.containers.create(
                 self._source.id,
@@ -395,7 +395,7 @@ class ImageTarget:
                     raise EnvironmentProblem(
                         f"could not start a container from image {self.ref}: {_reason(exc)}"
                     ) from exc
-                self._remove()
+                self._remove(keep_allowed=False)  # nothing to debug in a container that never ran
                 continue
             self._python = python
             return
@@ -404,11 +404,11 @@ class ImageTarget:
             hint="the tool runs the image's own interpreter; patch an image that has python",
         )
 
-    def _remove(self) -> None:
+    def _remove(self, *, keep_allowed: bool = True) -> None:
         container, self._container = self._container, None
         if container is None:
             return
-        if os.environ.get(KEEP_ENV) == "1":
+        if keep_allowed and os.environ.get(KEEP_ENV) == "1":
             self._notes.append(f"kept container {container.short_id} ({KEEP_ENV}=1); "
                                f"remove it with `docker rm -f {container.short_id}`")
             return
@@ -439,8 +439,6 @@ class ImageTarget:
 
     # --- Target protocol ----------------------------------------------------------------
     def locate(self, distribution: str) -> Distribution:
-        import json
-
         result = self.run_python(_LOCATE_SOURCE, [distribution], timeout=120)
         if result.returncode != 0:
             raise CheckFailed(
@@ -553,6 +551,11 @@ class ImageTarget:
             raise
         return CommittedImage(ref=tag or result.id, id=result.id, layers=result.layers)
 
+    def push(self, tag: str) -> str:
+        """Push a tag (e.g. the committed result) to its registry; returns the manifest digest."""
+        assert self._engine
+        return self._engine.push(tag)
+
     # --- internals ----------------------------------------------------------------------
     def _absolute(self, path: str) -> str:
         if self._dist is None:
@@ -588,7 +591,6 @@ class ImageTarget:
 
     def _put(self, absolute: str, data: bytes, meta: _FileMeta) -> None:
         parent, name = posixpath.split(absolute)
-        self._ensure_dir(parent)
         buffer = io.BytesIO()
         with tarfile.open(fileobj=buffer, mode="w:", format=tarfile.PAX_FORMAT) as tar:
             member = tarfile.TarInfo(name)
@@ -598,7 +600,11 @@ class ImageTarget:
             member.mtime = int(time.time())
             tar.addfile(member, io.BytesIO(data))
         try:
-            ok = self.container.put_archive(parent, buffer.getvalue())
+            try:
+                ok = self.container.put_archive(parent, buffer.getvalue())
+            except docker.errors.NotFound:
+                self._ensure_dir(parent)  # a new file in a new folder: make the folder first
+                ok = self.container.put_archive(parent, buffer.getvalue())
         except docker.errors.APIError as exc:
             raise EnvironmentProblem(f"writing {absolute} into the container failed: {_reason(exc)}") from exc
         if not ok:

@@ -1,0 +1,111 @@
+"""Benchmark: `dspark-patch apply --image` against the least a user could do by hand.
+
+By hand means: a Dockerfile FROM the fixture image that COPYs the patched files in and
+byte-compiles them (`docker build`), plus one container start that imports torch (the
+smallest stand-in for our probe). Both start from the same fixture image and patch set.
+Prints both wall times and their ratio (target: at most 1.5x), and the size of the layer we
+commit against the bytes of the patched files plus their bytecode.
+
+Run: .venv/bin/python bench/image_apply_vs_dockerfile.py   (needs the engine and fixture images)
+Not a test: timings vary with the machine; read the figures side by side.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from dspark_patch.engine.diff import parse_diff  # noqa: E402
+from dspark_patch.engine.plan import plan_patch  # noqa: E402
+from dspark_patch.targets.image import DockerEngine  # noqa: E402
+from tests.support import images, vllm  # noqa: E402
+
+PATCH = ROOT / "patches" / "dspark-skip-mtp-buffer" / "vllm-0.33.0.patch"
+SITE = "/usr/local/lib/python3.11/dist-packages"
+OURS_TAG = "dspark-patch/bench:ours"
+HAND_TAG = "dspark-patch/bench:by-hand"
+
+
+def _timed(argv: list[str], **kwargs) -> tuple[float, subprocess.CompletedProcess]:
+    start = time.perf_counter()
+    done = subprocess.run(argv, capture_output=True, text=True, **kwargs)
+    return time.perf_counter() - start, done
+
+
+def ours(fixture: str, report_dir: Path) -> float:
+    seconds, done = _timed([str(ROOT / ".venv" / "bin" / "dspark-patch"), "apply", "--image", fixture,
+                            "--tag", OURS_TAG, "--force", "--report-dir", str(report_dir)])
+    if done.returncode != 0:
+        sys.exit(f"dspark-patch apply failed (exit {done.returncode}):\n{done.stdout}\n{done.stderr[-3000:]}")
+    return seconds
+
+
+def by_hand(fixture: str, context: Path) -> tuple[float, int]:
+    # The patched files come from the same plan, computed on the host from the real wheel's tree.
+    tree = vllm.installed_tree("0.33.0")
+    plan = plan_patch(parse_diff(PATCH.read_bytes(), strip=1),
+                      lambda p: (tree / p).read_bytes() if (tree / p).is_file() else None)
+    lines = [f"FROM {fixture}", "USER root"]
+    payload = 0
+    for file in plan.files:
+        assert file.post is not None
+        (context / file.path).parent.mkdir(parents=True, exist_ok=True)
+        (context / file.path).write_bytes(file.post)
+        payload += len(file.post)
+        lines.append(f"COPY {file.path} {SITE}/{file.path}")
+    targets = " ".join(f"{SITE}/{f.path}" for f in plan.files)
+    lines += [f"RUN python3 -m py_compile {targets}", "USER vllm"]
+    (context / "Dockerfile").write_text("\n".join(lines) + "\n")
+    env = {**os.environ, "DOCKER_BUILDKIT": "0"}
+    build_s, done = _timed(["docker", "build", "--quiet", "--network", "none", "-t", HAND_TAG, str(context)], env=env)
+    if done.returncode != 0:
+        sys.exit(f"docker build failed:\n{done.stderr[-3000:]}")
+    probe_s, done = _timed(["docker", "run", "--rm", "--network", "none", "--entrypoint", "python3",
+                            "-e", "CUDA_VISIBLE_DEVICES=", HAND_TAG, "-c", "import torch; torch.ones(1)"])
+    if done.returncode != 0:
+        sys.exit(f"importing torch in the hand-built image failed:\n{done.stderr[-3000:]}")
+    return build_s + probe_s, payload
+
+
+def added_bytes(engine: DockerEngine, ref: str, base: str) -> int:
+    """Bytes of the layers `ref` has on top of `base` (history is newest first)."""
+    history = engine.client.api.history(ref)
+    added = len(history) - len(engine.client.api.history(base))
+    return sum(int(entry["Size"]) for entry in history[:added])
+
+
+def main() -> None:
+    fixture = images.fixture_image()
+    engine = DockerEngine()
+    with tempfile.TemporaryDirectory() as tmp:
+        hand_s, payload = by_hand(fixture, Path(tmp) / "context")
+        ours_s = ours(fixture, Path(tmp) / "report")
+        report = json.loads(next((Path(tmp) / "report").glob("*.json")).read_text()) \
+            if any((Path(tmp) / "report").glob("*.json")) else {}
+    try:
+        ours_layer = added_bytes(engine, OURS_TAG, fixture)
+        hand_layer = added_bytes(engine, HAND_TAG, fixture)
+    finally:
+        for tag in (OURS_TAG, HAND_TAG):
+            engine.remove_image(tag, force=True)
+    print(f"fixture image                 {fixture}")
+    print(f"dspark-patch apply --image    {ours_s:7.2f} s   (plan, hash checks, compile, probe, layer check, commit)")
+    print(f"Dockerfile COPY + py_compile  {hand_s:7.2f} s   (docker build + one run importing torch)")
+    print(f"ratio ours / by hand          {ours_s / hand_s:7.2f}x  (target <= 1.5x)")
+    print(f"patched files (post-images)   {payload:7d} bytes")
+    print(f"our committed layer           {ours_layer:7d} bytes  (files + bytecode + folders)")
+    print(f"by-hand layers (COPY + RUN)   {hand_layer:7d} bytes")
+    if report.get("status"):
+        print(f"our report status             {report['status']}")
+
+
+if __name__ == "__main__":
+    main()
