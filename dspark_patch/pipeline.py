@@ -162,37 +162,40 @@ class _Run:
 # --- entry points -----------------------------------------------------------------------------
 def apply(request: ApplyRequest, *, on_step: StepCallback | None = None) -> AuditReport:
     run = _Run(command="apply", target=_target_report(request.target), on_step=on_step)
-    try:
-        with ExitStack() as stack:
-            target = _open(request.target, run, stack)
-            return _apply(request, target, run)
-    except DsparkPatchError as exc:
-        return run.report("failed", exc)
+    return _run(run, request.target, lambda target: _apply(request, target, run))
 
 
 def verify(request: VerifyRequest, *, on_step: StepCallback | None = None) -> AuditReport:
     run = _Run(command="verify", target=_target_report(request.target), on_step=on_step)
-    try:
-        with ExitStack() as stack:
-            target = _open(request.target, run, stack)
-            return _verify(request, target, run)
-    except DsparkPatchError as exc:
-        return run.report("failed", exc)
+    return _run(run, request.target, lambda target: _verify(request, target, run))
 
 
 def probe(request: ProbeRequest, *, on_step: StepCallback | None = None) -> AuditReport:
     run = _Run(command="probe", target=_target_report(request.target), on_step=on_step)
+
+    def steps(target: Target) -> AuditReport:
+        patchset = resolve(None)
+        with run.step("locate"):
+            dist = target.locate(patchset.distribution)
+        run.target = _with_dist(run.target, dist)
+        _probe(target, dist, run)
+        return run.report("probed")
+
+    return _run(run, request.target, steps)
+
+
+def _run(run: _Run, spec: TargetSpec, steps: Callable[[Target], AuditReport]) -> AuditReport:
+    """Open the target, run the steps, close the target (removing any container), report."""
+    target: Target | None = None
     try:
         with ExitStack() as stack:
-            target = _open(request.target, run, stack)
-            patchset = resolve(None)
-            with run.step("locate"):
-                dist = target.locate(patchset.distribution)
-            run.target = _with_dist(run.target, dist)
-            _probe(target, dist, run)
-            return run.report("probed")
+            target = _open(spec, run, stack)
+            report = steps(target)
     except DsparkPatchError as exc:
-        return run.report("failed", exc)
+        report = run.report("failed", exc)
+    # Notes the target gathered while closing (a kept container, leftovers it removed).
+    notes = tuple(getattr(target, "notes", ()))
+    return replace(report, notes=report.notes + notes) if notes else report
 
 
 # --- steps --------------------------------------------------------------------------------
@@ -203,6 +206,8 @@ def _apply(request: ApplyRequest, target: Target, run: _Run) -> AuditReport:
         dist = target.locate(patchset.distribution)
     run.target = _with_dist(run.target, dist)
     variant, diff = _select(patchset, dist, request.strip, run)
+    if isinstance(request.target, ImageSpec) and request.target.tag and not request.dry_run:
+        target.refuse_existing_tag(request.target.tag, force=request.target.force)  # type: ignore[attr-defined]
     reader = _CachingReader(target)
     hash_checks = not patchset.is_bare and not request.allow_unknown_base
     run.patch = replace(run.patch, hash_checks=hash_checks)  # type: ignore[arg-type]
@@ -221,6 +226,13 @@ def _apply(request: ApplyRequest, target: Target, run: _Run) -> AuditReport:
         run.notes.append("every hunk is already in place; nothing was written")
         for name in ("write", "compile", "probe"):
             run.skipped(name, "already applied")
+        if isinstance(request.target, ImageSpec) and request.target.tag and not request.dry_run:
+            # Like a cached `docker build`: the name the caller asked for points at the
+            # image that already carries the patch, so a following verify/push finds it.
+            with run.step("tag"):
+                tagged = target.tag_source(request.target.tag, force=request.target.force)  # type: ignore[attr-defined]
+            run.result_image = ImageRef(ref=tagged.ref, id=tagged.id)
+            run.notes.append(f"tagged the source image as {tagged.ref}; no new layer")
         return run.report("already-applied")
     if request.dry_run:
         for name in ("write", "compile", "probe"):
@@ -454,11 +466,14 @@ def _finish_image(spec: TargetSpec, target: Target, dist: Distribution, plan: Pa
     labels = _labels(patchset, variant, plan, run)
     run.labels = tuple(sorted(labels.items()))
     with run.step("commit"):
-        run.result_image = target.commit(labels=labels, tag=spec.tag, force=spec.force)  # type: ignore[attr-defined]
+        committed = target.commit(labels=labels, tag=spec.tag, force=spec.force)  # type: ignore[attr-defined]
+    run.result_image = ImageRef(ref=committed.ref, id=committed.id)
     if spec.push and spec.tag:
         with run.step("push"):
             digest = target.push(spec.tag)  # type: ignore[attr-defined]
-            run.notes.append(f"pushed {spec.tag} ({digest})")
+        repository = spec.tag.rsplit(":", 1)[0] if ":" in spec.tag.rsplit("/", 1)[-1] else spec.tag
+        run.result_image = replace(run.result_image, repo_digest=f"{repository}@{digest}")
+        run.notes.append(f"pushed {spec.tag} as {repository}@{digest}")
 
 
 def _expected_layer(plan: PatchPlan, dist: Distribution) -> set[str]:
@@ -504,7 +519,7 @@ def _digestable(run: _Run) -> dict:
 
 
 def _check_labels(target: Target, variant: Variant, patchset: PatchSet) -> list[str]:
-    labels = target.labels()  # type: ignore[attr-defined]
+    labels = target.source.config.get("Labels") or {}  # type: ignore[attr-defined]
     problems = []
     files_label = labels.get(f"{LABEL_PREFIX}.files")
     if files_label is None:

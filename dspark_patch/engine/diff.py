@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import hashlib
 import re
+from bisect import bisect_left
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Literal
 
 from unidiff import PatchSet
-from unidiff.constants import DEV_NULL
+from unidiff.patch import Hunk as _UnidiffHunk
+from unidiff.constants import DEV_NULL, RE_HUNK_HEADER
 from unidiff.errors import UnidiffParseError
 
 from dspark_patch.errors import MalformedPatch, UnsafePatch
@@ -129,18 +131,18 @@ def parse_diff(data: bytes, *, strip: int = 1) -> Diff:
             f"{binary.group(0).decode(_ENCODING, 'backslashreplace').strip()!r})",
             hint="only text changes can be applied at zero fuzz; remove the binary part",
         )
-    try:
-        patchset = PatchSet.from_string(data, encoding=_ENCODING, errors=_ERRORS)
-    except UnidiffParseError as exc:
-        raise MalformedPatch(f"the diff cannot be parsed: {exc}", hint="check the hunk headers and line counts") from exc
-    except Exception as exc:  # noqa: BLE001 - untrusted input: any parser failure is bad input, not our bug
-        raise MalformedPatch(f"the diff cannot be parsed: {type(exc).__name__}: {exc}") from exc
+    text = data.decode(_ENCODING, _ERRORS)
+    patchset = _unidiff(text, metadata_only=True)
     if not patchset:
         raise MalformedPatch(
             "no file changes found in the input",
             hint="pass a unified diff with ---/+++ headers and @@ hunks",
         )
-    files = tuple(_file_patch(patched, strip) for patched in patchset)
+    bodies = _cut_bodies(data, patchset)
+    if bodies is None:  # our cut disagrees with unidiff's reading: take its full parse instead
+        patchset = _unidiff(text, metadata_only=False)
+        bodies = [[_unidiff_body(hunk) for hunk in patched] for patched in patchset]
+    files = tuple(_file_patch(patched, strip, body) for patched, body in zip(patchset, bodies))
     seen: set[str] = set()
     for file in files:
         if file.path in seen:
@@ -149,7 +151,7 @@ def parse_diff(data: bytes, *, strip: int = 1) -> Diff:
     return Diff(files=files, sha256=hashlib.sha256(data).hexdigest())
 
 
-def _file_patch(patched, strip: int) -> FilePatch:
+def _file_patch(patched, strip: int, bodies: list[_Body]) -> FilePatch:
     source_raw = _unquote(patched.source_file or "")
     target_raw = _unquote(patched.target_file or "")
     shown = target_raw if target_raw != DEV_NULL else source_raw
@@ -164,7 +166,7 @@ def _file_patch(patched, strip: int) -> FilePatch:
     if len(patched) == 0:
         raise MalformedPatch(f"{shown}: no hunks for this file", hint="every file in the diff needs at least one @@ hunk")
 
-    hunks = tuple(_hunk(h, i, shown) for i, h in enumerate(patched, start=1))
+    hunks = tuple(_hunk(h, body, i, shown) for i, (h, body) in enumerate(zip(patched, bodies), start=1))
 
     if source_raw == DEV_NULL and target_raw == DEV_NULL:
         raise MalformedPatch(f"{shown}: both sides of the diff are /dev/null")
@@ -221,27 +223,188 @@ def _check_whole_file(hunks: tuple[Hunk, ...], path: str, *, kind: str, what: st
         raise MalformedPatch(f"{path}: the diff would {what} this file but its hunks are not one whole-file hunk")
 
 
-def _hunk(hunk, index: int, shown: str) -> Hunk:
-    # The hot loop of parsing a release-sized diff (~10^5 lines): names bound locally on purpose.
-    lines: list[HunkLine] = []
-    append, make = lines.append, HunkLine
+def _unidiff(text: str, *, metadata_only: bool) -> PatchSet:
+    try:
+        return PatchSet.from_string(text, metadata_only=metadata_only)
+    except UnidiffParseError as exc:
+        raise MalformedPatch(f"the diff cannot be parsed: {exc}", hint="check the hunk headers and line counts") from exc
+    except Exception as exc:  # noqa: BLE001 - untrusted input: any parser failure is bad input, not our bug
+        raise MalformedPatch(f"the diff cannot be parsed: {type(exc).__name__}: {exc}") from exc
+
+
+# A hunk's lines as cut from the diff, before the "\ No newline" markers are applied:
+# HunkLines, None where a marker stood, and how many markers there are.
+_Body = tuple[list[HunkLine | None], int]
+
+_KIND: dict[bytes, LineKind] = {b" ": " ", b"-": "-", b"+": "+"}
+_NO_NEWLINE = b"\\ No newline at end of file"  # unidiff's RE_NO_NEWLINE_MARKER, as bytes
+_BARE_ENDING = re.compile(rb"[\r\n]{1,2}")  # unidiff's RE_HUNK_EMPTY_BODY_LINE value, as bytes
+
+
+def _cut_bodies(data: bytes, patchset: PatchSet) -> list[list[_Body]] | None:
+    """Every hunk's lines, cut from the raw bytes where unidiff (metadata only) found the hunks.
+
+    unidiff's full parse makes an object per diff line and we then re-encode each one: most of
+    the time of a release-sized diff. Its metadata-only parse checks the same grammar (the same
+    errors for the same input), so we take the structure from it and the line bytes from the
+    diff. Lines split on b"\n" exactly as unidiff's split on "\n" of the decoded text, and
+    utf-8 with surrogateescape gives back the original bytes, so the texts are the same.
+    Returns None if our cut disagrees with unidiff anywhere (the caller then uses its full parse).
+    """
+    lines = data.split(b"\n")
+    if not lines[-1]:
+        lines.pop()  # the diff ends with a newline: nothing follows it
+    n = len(lines)
+    # Body lines start with " ", "-", "+", "\\" or a line ending, so once unidiff has accepted
+    # the diff, the lines that read as hunk headers are exactly its hunks' headers, in order.
+    headers = []
+    for at in _line_numbers(data, b"@@ -"):
+        match = RE_HUNK_HEADER.match(lines[at].decode(_ENCODING, _ERRORS))
+        if match:
+            headers.append((at, match))
+    if len(headers) != sum(len(patched) for patched in patchset):
+        return None
+    markers = _line_numbers(data, b"\\")
+    cache: dict[bytes, HunkLine] = {}  # HunkLines are immutable: equal diff lines share one
+    bodies = []
+    position = iter(headers)
+    for patched in patchset:
+        file_bodies = []
+        for hunk in patched:
+            at, match = next(position)
+            if _UnidiffHunk(*match.groups()).__dict__ != {**hunk.__dict__, "_added": None, "_removed": None}:
+                return None
+            start = at + 1
+            # Each line that is not a marker counts once toward the header's lengths, and
+            # unidiff stops at the line that completes both: without a marker among them, the
+            # body is exactly the next (context + removed + added) lines.
+            end = start + hunk.source_length + hunk.added
+            if end > n:
+                return None
+            if bisect_left(markers, start) < bisect_left(markers, end):
+                body = _cut(lines, start, n, hunk, cache)
+                if body is None:
+                    return None
+            else:
+                body = _follow(lines, end, n, [_entry(line, cache) for line in lines[start:end]], 0)
+            file_bodies.append(body)
+        bodies.append(file_bodies)
+    return bodies
+
+
+def _line_numbers(data: bytes, start: bytes) -> list[int]:
+    """0-based numbers of the lines that begin with `start`, in order."""
+    # bytes.find rather than a multiline regex: "^" makes re try every position of the diff.
+    numbers = [0] if data.startswith(start) else []
+    line = 0
+    offset = data.find(b"\n" + start)
+    previous = 0
+    while offset >= 0:
+        line += data.count(b"\n", previous, offset + 1)
+        previous = offset + 1
+        numbers.append(line)
+        offset = data.find(b"\n" + start, previous)
+    return numbers
+
+
+def _entry(line: bytes, cache: dict[bytes, HunkLine]) -> HunkLine:
+    """The HunkLine of a context, removed or added diff line (without its newline)."""
+    entry = cache.get(line)
+    if entry is None:
+        kind = line[:1]
+        if kind == b"" or kind == b"\r":
+            # A bare line ending is an empty context line; unidiff keeps only its first one or
+            # two \r/\n.
+            text = _BARE_ENDING.match(line + b"\n").group()
+            entry = HunkLine(kind=" ", text=text if text.endswith(b"\n") else text + b"\n")
+        else:
+            # Only the diff's very last line can lack its newline (an editor ate it);
+            # an intended missing newline is always spelled with the marker.
+            entry = HunkLine(kind=_KIND[kind], text=line[1:] + b"\n")
+        cache[line] = entry
+    return entry
+
+
+def _cut(lines: list[bytes], i: int, n: int, hunk, cache: dict[bytes, HunkLine]) -> _Body | None:
+    """One hunk's lines from line index i, counted off the header line by line as unidiff does."""
+    source_left, target_left = hunk.source_length, hunk.target_length
+    added = removed = markers = 0
+    entries: list[HunkLine | None] = []
+    while i < n:
+        line = lines[i]
+        i += 1
+        kind = line[:1]
+        if kind == b" " or kind == b"" or kind == b"\r":
+            source_left -= 1
+            target_left -= 1
+        elif kind == b"-":
+            source_left -= 1
+            removed += 1
+        elif kind == b"+":
+            target_left -= 1
+            added += 1
+        elif kind == b"\\":
+            entries.append(None)
+            markers += 1
+            if source_left == 0 and target_left == 0:
+                break
+            continue
+        else:
+            return None
+        if source_left < 0 or target_left < 0:
+            return None
+        entries.append(_entry(line, cache))
+        if source_left == 0 and target_left == 0:
+            break
+    if source_left or target_left or added != hunk.added or removed != hunk.removed:
+        return None
+    return _follow(lines, i, n, entries, markers)
+
+
+def _follow(lines: list[bytes], i: int, n: int, entries: list[HunkLine | None], markers: int) -> _Body:
+    """After its body, unidiff gives a hunk the markers and blank separator lines that follow."""
+    while i < n:
+        line = lines[i]
+        if line.startswith(_NO_NEWLINE):
+            entries.append(None)
+            markers += 1
+        elif line:
+            break
+        i += 1
+    return entries, markers
+
+
+def _unidiff_body(hunk) -> _Body:
+    """A hunk's lines from unidiff's full parse (the fallback when our cut disagrees with it)."""
+    entries: list[HunkLine | None] = []
+    markers = 0
     for line in hunk:
         kind = line.line_type
         if kind == " " or kind == "-" or kind == "+":
             text = line.value.encode(_ENCODING, _ERRORS)
-            if text[-1:] != b"\n":
-                # Only the diff's very last line can lack its newline (an editor ate it);
-                # an intended missing newline is always spelled with the marker below.
-                text += b"\n"
-            append(make(kind=kind, text=text))
+            entries.append(HunkLine(kind=kind, text=text if text[-1:] == b"\n" else text + b"\n"))
         elif kind == "\\":
+            entries.append(None)
+            markers += 1
+        # "" is a blank separator unidiff keeps after a hunk: not part of the file.
+    return entries, markers
+
+
+def _hunk(hunk, body: _Body, index: int, shown: str) -> Hunk:
+    entries, markers = body
+    if markers:
+        lines: list[HunkLine] = []
+        for entry in entries:
+            if entry is not None:
+                lines.append(entry)
+                continue
             # "\ No newline at end of file" refers to the line before it; a context line lacks
             # its newline on both sides, so stripping it here serves source and target alike.
             if not lines or not lines[-1].text.endswith(b"\n"):
                 raise MalformedPatch(f"{shown}: hunk #{index} has a stray '\\ No newline at end of file' marker")
             last = lines[-1]
-            lines[-1] = make(kind=last.kind, text=last.text[:-1])
-        # "" is a blank separator unidiff keeps after a hunk: not part of the file.
+            lines[-1] = HunkLine(kind=last.kind, text=last.text[:-1])
+        entries = lines
     return Hunk(
         index=index,
         source_start=hunk.source_start,
@@ -249,7 +412,7 @@ def _hunk(hunk, index: int, shown: str) -> Hunk:
         target_start=hunk.target_start,
         target_length=hunk.target_length,
         section=hunk.section_header.rstrip("\r\n"),
-        lines=tuple(lines),
+        lines=tuple(entries),
     )
 
 

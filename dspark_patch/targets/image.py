@@ -84,7 +84,6 @@ class CommittedImage:
     ref: str                      # the tag given, or the id when committed without a tag
     id: str
     layers: int
-    repo_digest: str | None = None  # the registry's manifest digest once pushed (never here)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -555,6 +554,22 @@ class ImageTarget:
         """Push a tag (e.g. the committed result) to its registry; returns the manifest digest."""
         assert self._engine
         return self._engine.push(tag)
+
+    def refuse_existing_tag(self, tag: str, *, force: bool) -> None:
+        """Fail early, before any work, when `tag` exists and may not be moved."""
+        assert self._engine
+        if self._engine.tag_exists(tag) and not force:
+            raise TagExists(
+                f"tag {tag} already exists ({self._engine.image_info(tag).id})",
+                hint="choose another --tag, or pass --force to move it to the patched image",
+            )
+
+    def tag_source(self, tag: str, *, force: bool) -> CommittedImage:
+        """Name the source image itself (it already carries the patch): no new layer."""
+        assert self._engine
+        self.refuse_existing_tag(tag, force=force)
+        self._engine.tag(self.source.id, tag)
+        return CommittedImage(ref=tag, id=self.source.id, layers=self.source.layers)
 
     # --- internals ----------------------------------------------------------------------
     def _absolute(self, path: str) -> str:

@@ -1,0 +1,276 @@
+"""`apply --image` / `verify --image` / `probe --image` end to end, through the console script,
+on a real Docker engine and the fixture image built from the real vLLM 0.33.0 wheel.
+
+These run by default: a missing engine or image fails them (tests/support/images.py), never skips.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import tarfile
+import time
+import uuid
+from pathlib import Path
+
+import docker
+import jsonschema
+import pytest
+
+from dspark_patch.patchset import resolve
+from dspark_patch.pipeline import LABEL_PREFIX
+from dspark_patch.report.audit_json import load_schema
+from dspark_patch.targets.image import CONFIG_FIELDS, NAME_PREFIX
+from tests.support.cli import SCRIPT, run
+from tests.support.images import fixture_image, no_python_image, no_vllm_image
+
+pytestmark = pytest.mark.docker
+
+VARIANT = resolve("dspark-skip-mtp-buffer").variant_for("0.33.0")
+LOCATION = "/usr/local/lib/python3.11/dist-packages"
+MODEL = "vllm/models/deepseek_v4/nvidia/model.py"
+
+
+@pytest.fixture(scope="module")
+def client() -> docker.DockerClient:
+    return docker.from_env()
+
+
+@pytest.fixture(scope="module")
+def source(client) -> str:
+    return fixture_image()
+
+
+@pytest.fixture
+def tag(client):
+    """A fresh tag name; the image it names is removed after the test."""
+    name = f"dspark-patch/test-result:{uuid.uuid4().hex[:10]}"
+    yield name
+    try:
+        client.images.remove(name, force=True)
+    except docker.errors.ImageNotFound:
+        pass
+
+
+def our_containers(client) -> list[str]:
+    return [c.name for c in client.containers.list(all=True) if c.name.startswith(NAME_PREFIX)]
+
+
+def image_exists(client, ref: str) -> bool:
+    try:
+        client.images.get(ref)
+        return True
+    except docker.errors.ImageNotFound:
+        return False
+
+
+@pytest.fixture(scope="module")
+def applied(client, source, tmp_path_factory):
+    """One real `apply --image` run, shared by the checks on its result."""
+    out = tmp_path_factory.mktemp("applied")
+    tag = f"dspark-patch/test-result:applied-{uuid.uuid4().hex[:8]}"
+    before = client.images.get(source).attrs
+    res = run("apply", "--image", source, "--tag", tag, "--report-dir", str(out / "report"))
+    yield res, tag, before, out
+    client.images.remove(tag, force=True)
+
+
+def test_apply_image_reports_applied_and_names_the_result(applied, source):
+    res, tag, before, out = applied
+    assert res.returncode == 0, res.stderr
+    audit = json.loads((out / "report" / "audit.json").read_text())
+    jsonschema.validate(audit, load_schema())
+    assert audit["status"] == "applied"
+    assert audit["target"]["image"] == {"ref": source, "id": before["Id"], "repo_digest": None}
+    assert audit["result_image"]["ref"] == tag
+    assert audit["target"]["distribution"] == {"name": "vllm", "version": "0.33.0", "location": LOCATION}
+    assert [f["post_sha256"] for f in audit["files"]] == [VARIANT.files[f["path"]].post_sha256 for f in audit["files"]]
+    assert audit["probe"]["ok"] and audit["compile"]["ok"]
+    assert str(out / "report" / "audit.json") in res.stderr  # says where the report is
+
+
+def test_result_keeps_the_source_config_field_by_field_with_one_new_layer(applied, client):
+    res, tag, before, _ = applied
+    after = client.images.get(tag).attrs
+    for field in CONFIG_FIELDS:
+        if field == "Labels":
+            continue
+        assert after["Config"].get(field) == before["Config"].get(field), field
+    ours = {k: v for k, v in after["Config"]["Labels"].items() if k.startswith(LABEL_PREFIX)}
+    theirs = {k: v for k, v in after["Config"]["Labels"].items() if not k.startswith(LABEL_PREFIX)}
+    assert theirs == before["Config"]["Labels"]
+    assert after["RootFS"]["Layers"][:-1] == before["RootFS"]["Layers"]
+    assert len(after["RootFS"]["Layers"]) == len(before["RootFS"]["Layers"]) + 1
+    assert ours[f"{LABEL_PREFIX}.patch.id"] == "dspark-skip-mtp-buffer"
+    assert ours[f"{LABEL_PREFIX}.patch.variant"] == "vllm-0.33.0"
+    assert json.loads(ours[f"{LABEL_PREFIX}.files"]) == {p: h.post_sha256 for p, h in VARIANT.files.items()}
+
+
+def test_the_source_image_is_untouched(applied, client, source):
+    _, _, before, _ = applied
+    assert client.images.get(source).attrs["Id"] == before["Id"]
+    assert client.images.get(source).attrs["RootFS"] == before["RootFS"]
+
+
+def test_the_new_layer_holds_exactly_the_patched_files_and_their_bytecode(applied, client):
+    res, tag, _, _ = applied
+    image = client.images.get(tag)
+    layer_files = _top_layer_files(image)
+    expected = set()
+    for rel in VARIANT.files:
+        folder, _, name = rel.rpartition("/")
+        expected.add(f"{LOCATION}/{rel}")
+        expected.add(f"{LOCATION}/{folder}/__pycache__/{name[:-3]}.cpython-311.pyc")
+    assert {p for p, kind in layer_files.items() if kind == "file"} == {p.lstrip("/") for p in expected}
+
+
+def _top_layer_files(image) -> dict[str, str]:
+    """path -> 'file'/'dir' of the last layer of a `docker save` of the image."""
+    raw = b"".join(image.save())
+    with tarfile.open(fileobj=io.BytesIO(raw)) as outer:
+        manifest = json.load(outer.extractfile("manifest.json"))
+        top = manifest[0]["Layers"][-1]
+        with tarfile.open(fileobj=outer.extractfile(top)) as layer:
+            return {m.name: ("dir" if m.isdir() else "file") for m in layer.getmembers()}
+
+
+def test_no_container_is_left_behind(applied, client):
+    assert our_containers(client) == []
+
+
+def test_verify_passes_on_the_result_and_fails_on_the_source(applied, source, tmp_path):
+    res, tag, _, _ = applied
+    ok = run("verify", "--image", tag, "--json", "--report-dir", str(tmp_path / "v1"))
+    assert ok.returncode == 0, ok.stderr
+    assert ok.json["status"] == "verified" and ok.json["probe"]["ok"]
+    assert ok.json["integrity"]["checked"] > 5000
+    jsonschema.validate(ok.json, load_schema())
+    bad = run("verify", "--image", source, "--report-dir", str(tmp_path / "v2"))
+    line = bad.assert_clean_error(1)
+    assert "vllm/envs.py is unpatched" in line
+
+
+def test_probe_command_on_images(applied, source, tmp_path):
+    _, tag, _, _ = applied
+    assert run("probe", "--image", tag, "--report-dir", str(tmp_path / "p1")).returncode == 0
+    assert run("probe", "--image", source, "--report-dir", str(tmp_path / "p2")).returncode == 1
+
+
+def test_applying_to_the_patched_image_says_already_applied_and_tags_it(applied, client, tag, tmp_path):
+    _, patched, _, _ = applied
+    res = run("apply", "--image", patched, "--tag", tag, "--json", "--report-dir", str(tmp_path / "r"))
+    assert res.returncode == 0, res.stderr
+    assert res.json["status"] == "already-applied"
+    assert client.images.get(tag).id == client.images.get(patched).id  # no new layer, same image
+
+
+def test_verify_names_labels_that_disagree_with_the_files(applied, client, tag, tmp_path):
+    _, patched, _, _ = applied
+    relabelled = _commit_changed(client, patched, tag, labels={f"{LABEL_PREFIX}.patch.sha256": "0" * 64})
+    res = run("verify", "--image", relabelled, "--no-probe", "--report-dir", str(tmp_path / "r"))
+    assert "label" in res.assert_clean_error(1)
+
+
+def test_dry_run_commits_nothing(client, source, tag, tmp_path):
+    images_before = {i.id for i in client.images.list(all=True)}
+    res = run("apply", "--image", source, "--tag", tag, "--dry-run", "--json", "--report-dir", str(tmp_path / "r"))
+    assert res.returncode == 0, res.stderr
+    assert res.json["status"] == "dry-run" and res.json["result_image"] is None
+    assert not image_exists(client, tag)
+    assert {i.id for i in client.images.list(all=True)} == images_before
+    assert our_containers(client) == []
+
+
+def test_drifted_file_in_the_image_is_refused_and_nothing_tagged(client, source, tag, tmp_path):
+    drifted_tag = f"{tag}-drifted"
+    try:
+        drifted = _commit_changed(client, source, drifted_tag, files={
+            f"{LOCATION}/{MODEL}": lambda b: b.replace(b"needs_mtp_hidden_states", b"needs_mtp_hidden_state5", 1)})
+        res = run("apply", "--image", drifted, "--tag", tag, "--report-dir", str(tmp_path / "r"))
+        line = res.assert_clean_error(1)
+        assert MODEL in line and "pre-image" in line
+        assert not image_exists(client, tag)
+        assert our_containers(client) == []
+        audit = json.loads((tmp_path / "r" / "audit.json").read_text())
+        assert audit["status"] == "failed" and audit["result_image"] is None
+    finally:
+        client.images.remove(drifted_tag, force=True)
+
+
+@pytest.mark.parametrize(
+    ("image", "code", "words"),
+    [
+        (no_python_image, 2, "has no python3 or python"),
+        (no_vllm_image, 2, "no vllm installed in image"),
+        (lambda: "dspark-patch/does-not-exist:1", 2, "not found on the engine"),
+    ],
+)
+def test_refusals_are_one_line_and_leave_nothing(image, code, words, client, tag, tmp_path):
+    res = run("apply", "--image", image(), "--tag", tag, "--report-dir", str(tmp_path / "r"))
+    assert words in res.assert_clean_error(code)
+    assert not image_exists(client, tag)
+    assert our_containers(client) == []
+    assert json.loads((tmp_path / "r" / "audit.json").read_text())["status"] == "failed"
+
+
+def test_unreachable_engine_is_exit_3_naming_docker_host(tmp_path):
+    res = run("apply", "--image", "anything:1", "--report-dir", str(tmp_path / "r"),
+              env={"DOCKER_HOST": "unix:///nonexistent/docker.sock"})
+    assert "DOCKER_HOST" in res.assert_clean_error(3)
+
+
+def test_existing_tag_is_refused_before_any_work(client, source, tag, tmp_path):
+    client.images.get(source).tag(tag)
+    res = run("apply", "--image", source, "--tag", tag, "--report-dir", str(tmp_path / "r"))
+    assert "already exists" in res.assert_clean_error(2)
+    assert client.images.get(tag).id == client.images.get(source).id
+    assert our_containers(client) == []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_a_run_killed_midway_leaves_no_tag_and_its_container_goes(sig, client, source, tag, tmp_path):
+    proc = subprocess.Popen([str(SCRIPT), "apply", "--image", source, "--tag", tag, "--report-dir", str(tmp_path / "r")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while not our_containers(client):
+        assert proc.poll() is None and time.monotonic() < deadline, "the run never started a container"
+        time.sleep(0.1)
+    proc.send_signal(sig)
+    proc.wait(timeout=60)
+    assert proc.returncode != 0
+    assert not image_exists(client, tag)
+    if sig == signal.SIGTERM:
+        assert our_containers(client) == []  # cleaned up on the way out
+    else:
+        assert our_containers(client)  # SIGKILL: nothing could clean up ...
+        res = run("apply", "--image", source, "--dry-run", "--json", "--report-dir", str(tmp_path / "next"))
+        assert res.returncode == 0
+        assert our_containers(client) == []  # ... so the next run removed it
+        assert any("left by an earlier" in n for n in res.json["notes"])
+
+
+def _commit_changed(client, ref: str, new_tag: str, *, files=None, labels=None) -> str:
+    """A test image: `ref` with some files rewritten and/or labels changed (via the SDK directly)."""
+    image = client.images.get(ref)
+    container = client.containers.create(image.id, entrypoint=["/bin/true"], network_disabled=True)
+    try:
+        for path, change in (files or {}).items():
+            stream, _ = container.get_archive(path)
+            with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
+                member = tar.getmembers()[0]
+                data = change(tar.extractfile(member).read())
+            buf = io.BytesIO()
+            with tarfile.open(fileobj=buf, mode="w") as tar:
+                member.size = len(data)
+                tar.addfile(member, io.BytesIO(data))
+            container.put_archive(os.path.dirname(path), buf.getvalue())
+        config = dict(image.attrs["Config"])
+        config["Labels"] = {**(config.get("Labels") or {}), **(labels or {})}
+        committed = client.images.get(container.commit(conf=config).id)
+        committed.tag(new_tag)
+    finally:
+        container.remove(force=True)
+    return new_tag
