@@ -277,11 +277,12 @@ def _cut_bodies(data: bytes, patchset: PatchSet) -> list[list[_Body]] | None:
             start = at + 1
             # Each line that is not a marker counts once toward the header's lengths, and
             # unidiff stops at the line that completes both: without a marker among them, the
-            # body is exactly the next (context + removed + added) lines.
+            # body is exactly the next (context + removed + added) lines. (An empty hunk still
+            # takes one line, which only a marker can be: the line-by-line cut handles it.)
             end = start + hunk.source_length + hunk.added
             if end > n:
                 return None
-            if bisect_left(markers, start) < bisect_left(markers, end):
+            if end == start or bisect_left(markers, start) < bisect_left(markers, end):
                 body = _cut(lines, start, n, hunk, cache)
                 if body is None:
                     return None
