@@ -1,11 +1,13 @@
 """Apply the whole vLLM 0.30.0 -> 0.31.0 Python diff with our engine and with GNU patch; print both times.
 
-    .venv/bin/python bench/engine_vs_gnu_patch.py [--rounds 3]
+    .venv/bin/python bench/engine_vs_gnu_patch.py [--rounds 5]
 
 Ours is timed end to end as the CLI would run it: parse the diff, plan every file (reading the
-tree), write the plan (temp file + os.replace per file). GNU patch is `patch -p1 -F0 --batch`
-on the same diff in a copy of the same tree. Both results are checked against the real 0.31.0
-files, so a fast wrong answer cannot pass. Best of N rounds each (the machine may be shared).
+tree), write the plan (temp file + os.replace per file), with each stage's share shown too.
+GNU patch is `patch -p1 -F0 --batch` on the same diff in a copy of the same tree. Both results
+are checked against the real 0.31.0 files, so a fast wrong answer cannot pass. The two run
+alternately, N rounds each, on fresh copies; the best round of each is compared (the machine
+may be shared, and the best is the one least disturbed by other work).
 """
 
 from __future__ import annotations
@@ -50,45 +52,81 @@ def same_tree(a: Path, b: Path) -> bool:
     return True
 
 
-def run_ours(diff: bytes, tree: Path) -> float:
+_STAGES = ("parse", "read", "plan", "write")
+
+
+def run_ours(diff: bytes, tree: Path) -> tuple[float, dict[str, float]]:
+    """Total seconds, and the seconds of each stage (reading happens inside planning, timed apart)."""
+    reading = 0.0
+
+    def read(rel: str) -> bytes | None:
+        nonlocal reading
+        began = time.perf_counter()
+        try:
+            return read_inside(tree, rel)
+        finally:
+            reading += time.perf_counter() - began
+
     start = time.perf_counter()
-    plan = plan_patch(parse_diff(diff), lambda rel: read_inside(tree, rel))
+    parsed = parse_diff(diff)
+    parsed_at = time.perf_counter()
+    plan = plan_patch(parsed, read)
+    planned_at = time.perf_counter()
     write_plan(tree, plan)
-    return time.perf_counter() - start
+    end = time.perf_counter()
+    stages = {
+        "parse": parsed_at - start,
+        "read": reading,
+        "plan": planned_at - parsed_at - reading,
+        "write": end - planned_at,
+    }
+    return end - start, stages
 
 
-def run_gnu(diff: bytes, tree: Path) -> float:
+def run_gnu(diff: bytes, tree: Path) -> tuple[float, dict[str, float]]:
     start = time.perf_counter()
     subprocess.run(["patch", "-p1", "-F0", "--batch", "--no-backup-if-mismatch", "-s", "-d", str(tree)], input=diff, check=True)
-    return time.perf_counter() - start
+    return time.perf_counter() - start, {}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
 
     old_root, new_root = vllm.python_sources(OLD), vllm.python_sources(NEW)
     diff = full_diff(old_root.parent)
     parsed = parse_diff(diff)
     files, hunks = len(parsed.files), sum(len(f.hunks) for f in parsed.files)
+    del parsed
 
     times: dict[str, list[float]] = {"ours": [], "gnu": []}
+    stages: list[dict[str, float]] = []
     with tempfile.TemporaryDirectory() as scratch:
         for round_no in range(args.rounds):
-            for name, run in (("ours", run_ours), ("gnu", run_gnu)):
+            # Alternate who goes first, so neither always runs right after the other's writes.
+            order = (("ours", run_ours), ("gnu", run_gnu))
+            for name, run in order if round_no % 2 == 0 else order[::-1]:
                 tree = Path(scratch, f"{name}-{round_no}", "t")
                 shutil.copytree(old_root / "vllm", tree / "vllm")
-                times[name].append(run(diff, tree))
+                total, parts = run(diff, tree)
+                times[name].append(total)
+                if parts:
+                    stages.append(parts)
                 if not same_tree(tree / "vllm", new_root / "vllm"):
                     raise SystemExit(f"{name}: the patched tree differs from vLLM {NEW}")
 
+    best = times["ours"].index(min(times["ours"]))
     ours, gnu = min(times["ours"]), min(times["gnu"])
     print(f"diff vLLM {OLD} -> {NEW}: {len(diff) / 1e6:.1f} MB, {files} files, {hunks} hunks")
     print(f"{'':24}{'best':>8}  all rounds (s)")
     print(f"{'dspark-patch engine':24}{ours:8.3f}  {' '.join(f'{t:.3f}' for t in times['ours'])}")
+    for stage in _STAGES:
+        shown = " ".join(f"{s[stage]:.3f}" for s in stages)
+        print(f"{'  ' + stage:24}{stages[best][stage]:8.3f}  {shown}")
     print(f"{'GNU patch -p1 -F0':24}{gnu:8.3f}  {' '.join(f'{t:.3f}' for t in times['gnu'])}")
     print(f"ratio ours / GNU patch: {ours / gnu:.2f}x (target: within 3x); both trees equal vLLM {NEW}")
+    print("(the stages under 'best' are those of ours' best round; 'plan' leaves out its time in 'read')")
 
 
 if __name__ == "__main__":

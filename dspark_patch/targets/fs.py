@@ -114,6 +114,11 @@ def _check(root: Path, change: _Change, parents: dict[str, Path]) -> tuple[Path,
         st = os.lstat(dest)
     except FileNotFoundError:
         st = None
+    if st is not None and stat.S_ISLNK(st.st_mode):
+        raise UnsafePatch(
+            f"{change.rel}: is a symbolic link; writing would replace the link, not the file it points to",
+            hint="patch the file the link points to instead",
+        )
     if change.before is None:
         if st is not None:
             raise HashMismatch(f"{change.rel}: exists, but the plan expected no file there", hint="plan again against the current tree")
@@ -180,9 +185,13 @@ def _put(dest: Path, data: bytes, mode: int) -> None:
     tmp = f"{dest.parent}/.{dest.name}.{os.getpid()}.{next(_tmp_numbers)}{_TMP_SUFFIX}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            os.fchmod(fh.fileno(), mode)
+        try:
+            view = memoryview(data)
+            while view:  # os.write, not a buffered file object: one syscall per file, no wrapper
+                view = view[os.write(fd, view) :]
+            os.fchmod(fd, mode)
+        finally:
+            os.close(fd)
         os.replace(tmp, dest)
     except BaseException:
         try:
@@ -193,19 +202,13 @@ def _put(dest: Path, data: bytes, mode: int) -> None:
 
 
 def _write_path(root: Path, rel: str, parents: dict[str, Path]) -> Path:
-    """Where `rel` is written: its directory resolved inside the tree, its own name never a link."""
+    """Where `rel` is written: its directory resolved inside the tree (`_check` refuses a name that is a link)."""
     _check_relative(rel)
     head, _, name = rel.rstrip("/").rpartition("/")
     parent = parents.get(head)
     if parent is None:
         parent = parents[head] = resolve_inside(root, head) if head else _root(root)
-    dest = parent / name
-    if dest.is_symlink():
-        raise UnsafePatch(
-            f"{rel}: is a symbolic link; writing would replace the link, not the file it points to",
-            hint="patch the file the link points to instead",
-        )
-    return dest
+    return parent / name  # the caller's lstat refuses a name that is a symbolic link
 
 
 def _root(root: Path) -> Path:
