@@ -20,6 +20,7 @@ from unidiff.constants import DEV_NULL, RE_HUNK_HEADER, RE_TARGET_FILENAME
 from unidiff.errors import UnidiffParseError
 
 from dspark_patch.errors import MalformedPatch, UnsafePatch
+from .gcpause import gc_paused
 
 LineKind = Literal[" ", "-", "+"]
 FileAction = Literal["modify", "add", "delete"]
@@ -128,6 +129,7 @@ class Diff:
     sha256: str  # of the raw diff bytes
 
 
+@gc_paused()
 def parse_diff(data: bytes, *, strip: int = 1) -> Diff:
     """Parse a unified diff (plain `diff -u` or git) into files and hunks; refuse what we cannot apply.
 
