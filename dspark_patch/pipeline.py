@@ -11,6 +11,7 @@ import hashlib
 import json
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
@@ -239,25 +240,37 @@ def _apply(request: ApplyRequest, target: Target, run: _Run) -> AuditReport:
             run.skipped(name, "dry run")
         return run.report("dry-run")
 
+    probe_wanted = request.probe and bool(patchset.probe)
+    image = request.target if isinstance(request.target, ImageSpec) else None
     pyc_before = {pyc: reader(pyc) for pyc in _bytecode_paths(plan, dist)}
-    with run.step("write"):
-        target.write(plan)
-    try:
-        if request.compile:
-            with run.step("compile"):
-                _compile(target, dist, plan, run)
-        else:
-            run.skipped("compile", "--no-compile")
-        if request.probe and patchset.probe:
-            _probe(target, dist, run)
-        else:
-            run.skipped("probe", "--no-probe" if not request.probe else "this patch set has no probe")
-        _finish_image(request.target, target, dist, plan, patchset, variant, run)
-    except BaseException:
-        with run.step("restore"):
-            target.restore(_bytecode_restore_plan(target, pyc_before, plan))
-            target.restore(plan)
-        raise
+    with ExitStack() as scratch:
+        # For an image the probe runs in a twin container while this one's changes are listed.
+        pending_probe = _probe_in_twin(target, dist, plan, run, scratch) if image and probe_wanted else None
+        with run.step("write"):
+            target.write(plan)
+        try:
+            if request.compile:
+                with run.step("compile"):
+                    _compile(target, dist, plan, run)
+            else:
+                run.skipped("compile", "--no-compile")
+            if image is None:
+                if probe_wanted:
+                    _probe(target, dist, run)
+                else:
+                    run.skipped("probe", "--no-probe" if not request.probe else "this patch set has no probe")
+                return run.report("applied")
+            _check_layer(target, dist, plan, run)
+            if pending_probe is not None:
+                _await_probe(pending_probe, run)
+            else:
+                run.skipped("probe", "--no-probe" if not request.probe else "this patch set has no probe")
+            _commit_image(image, target, plan, patchset, variant, run)
+        except BaseException:
+            with run.step("restore"):
+                target.restore(_bytecode_restore_plan(target, pyc_before, plan))
+                target.restore(plan)
+            raise
     return run.report("applied")
 
 
@@ -449,9 +462,42 @@ def isinstance_image(target: Target) -> bool:
     return target.info.kind == "image"
 
 
-def _finish_image(spec: TargetSpec, target: Target, dist: Distribution, plan: PatchPlan, patchset: PatchSet, variant: Variant, run: _Run) -> None:
-    if not isinstance(spec, ImageSpec):
-        return
+def _probe_in_twin(target: Target, dist: Distribution, plan: PatchPlan, run: _Run, scratch: ExitStack) -> Future:
+    """Start the probe in a twin container of the source image holding the same post-images.
+
+    Nothing the probe does can reach the committed layer, and it overlaps the engine's slow
+    listing of this container's changes. The twin is entered here, in the main thread (its
+    SIGTERM handling needs that); on any failure it is removed before the worker is awaited."""
+    pool = scratch.enter_context(ThreadPoolExecutor(max_workers=1, thread_name_prefix="probe"))
+    with run.step("probe container"):
+        twin = scratch.enter_context(target.twin())  # type: ignore[attr-defined]
+
+    def job() -> tuple[ProbeReport, float]:
+        start = time.monotonic()
+        twin.write(plan)
+        return run_probe(twin, dist), time.monotonic() - start
+
+    run.notes.append("the probe ran in a disposable twin container of the source image holding the same "
+                     "post-images; it was removed afterwards, so nothing the probe did is in the result")
+    return pool.submit(job)
+
+
+def _await_probe(pending: Future, run: _Run) -> None:
+    start = time.monotonic()
+    try:
+        report, seconds = pending.result()
+    except DsparkPatchError as exc:
+        run._record(StepReport(name="probe", status="failed", seconds=time.monotonic() - start, detail=exc.line()))
+        raise
+    run.probe = report
+    waited = time.monotonic() - start
+    detail = f"in a twin container; {waited:.2f}s of it not overlapped with the layer scan"
+    run._record(StepReport(name="probe", status="ok" if report.ok else "failed", seconds=seconds, detail=detail))
+    if not report.ok:
+        raise ProbeFailed(f"the consumer probe failed: {report.detail}", hint="see the probe cases in the report")
+
+
+def _check_layer(target: Target, dist: Distribution, plan: PatchPlan, run: _Run) -> None:
     with run.step("layer"):
         changes = tuple(LayerChange(kind=k, path=p) for k, p in target.changes())  # type: ignore[attr-defined]
         expected = _expected_layer(plan, dist)
@@ -463,6 +509,9 @@ def _finish_image(spec: TargetSpec, target: Target, dist: Distribution, plan: Pa
                 f"the container changed more than the patched files: {shown}",
                 hint="nothing was committed; report this as a bug with the audit report",
             )
+
+
+def _commit_image(spec: ImageSpec, target: Target, plan: PatchPlan, patchset: PatchSet, variant: Variant, run: _Run) -> None:
     labels = _labels(patchset, variant, plan, run)
     run.labels = tuple(sorted(labels.items()))
     with run.step("commit"):

@@ -23,7 +23,7 @@ import pytest
 from dspark_patch.patchset import resolve
 from dspark_patch.pipeline import LABEL_PREFIX
 from dspark_patch.report.audit_json import load_schema
-from dspark_patch.targets.image import CONFIG_FIELDS, NAME_PREFIX
+from dspark_patch.targets.image import CONFIG_FIELDS, DockerEngine
 from tests.support.cli import SCRIPT, run
 from tests.support.images import fixture_image, no_python_image, no_vllm_image
 
@@ -56,7 +56,7 @@ def tag(client):
 
 
 def our_containers(client) -> list[str]:
-    return [c.name for c in client.containers.list(all=True) if c.name.startswith(NAME_PREFIX)]
+    return [name for _, name in DockerEngine(client).our_containers()]
 
 
 def image_exists(client, ref: str) -> bool:

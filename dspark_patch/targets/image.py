@@ -228,7 +228,7 @@ class DockerEngine:
         """(id, name) of every container of ours on the engine, running or not."""
         # The low-level list: the high-level one inspects each container, and containers of
         # other runs may vanish in between.
-        found = self.client.api.containers(all=True, filters={"name": NAME_PREFIX})
+        found = _list_containers(self.client.api, NAME_PREFIX)
         ours = []
         for entry in found:
             for name in entry.get("Names") or ():
@@ -336,6 +336,19 @@ class DockerEngine:
         )
 
 
+def _list_containers(api: Any, name: str) -> list[dict[str, Any]]:
+    # The engine's list call itself can answer "No such container" when a container is being
+    # removed while it lists (seen with dockerd 20.10 under concurrent runs); list again.
+    for attempt in range(5):
+        try:
+            return api.containers(all=True, filters={"name": name})
+        except docker.errors.NotFound:
+            if attempt == 4:
+                raise
+            time.sleep(0.05 * (attempt + 1))
+    return []
+
+
 def gc_containers(engine: DockerEngine | None = None, *, include_kept: bool = True) -> list[str]:
     """What `dspark-patch gc` runs: remove every container of ours whose run is gone,
     including kept ones (the user asked to clean up). Returns the removed containers' names."""
@@ -357,6 +370,15 @@ class ImageTarget:
 
     # --- lifecycle ----------------------------------------------------------------------
     def __enter__(self) -> ImageTarget:
+        if self._source is not None:  # a twin: its first container did the checks and gc
+            self._term.__enter__()
+            try:
+                self._start(pythons=(self._python,) if self._python else ("python3", "python"))
+            except BaseException:
+                self._remove()
+                self._term.__exit__(None, None, None)
+                raise
+            return self
         self._engine = self._engine or DockerEngine()
         self._source = self._engine.image_info(self.ref)
         removed = self._engine.gc_containers()
@@ -377,9 +399,18 @@ class ImageTarget:
         finally:
             self._term.__exit__(None, None, None)
 
-    def _start(self) -> None:
+    def twin(self) -> ImageTarget:
+        """Another container of the same source image that knows what `locate` found here.
+
+        Used as a scratch copy: what runs there (the probe) can never reach this container's
+        committed layer, and it runs while this container's changes are being listed."""
+        twin = ImageTarget(self.ref, engine=self._engine)
+        twin._source, twin._python, twin._dist = self.source, self._python, self._dist
+        return twin
+
+    def _start(self, pythons: tuple[str, ...] = ("python3", "python")) -> None:
         assert self._engine and self._source
-        for python in ("python3", "python"):
+        for python in pythons:
             config = _keepalive_config(self._source.config, python)
             self._container = self._engine.client.containers.create(
                 self._source.id,
