@@ -14,7 +14,6 @@ import subprocess
 import tarfile
 import time
 import uuid
-from pathlib import Path
 
 import docker
 import jsonschema

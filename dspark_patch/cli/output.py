@@ -53,8 +53,14 @@ def summary(report: AuditReport, report_dir: Path | None) -> None:
     if report.patch:
         rows.append(("patch", f"{report.patch.id or 'bare diff'} {report.patch.variant or ''}".strip()))
     for f in report.files:
-        offsets = ",".join(str(h.offset) for h in f.hunks) or "-"
-        rows.append((f"file", f"{f.path}  hunks {len(f.hunks)} offsets {offsets} fuzz 0"))
+        if f.hunks:
+            offsets = ",".join(str(h.offset) for h in f.hunks)
+            rows.append(("file", f"{f.path}  {len(f.hunks)} hunks at offsets {offsets}, fuzz 0"))
+        elif f.expected_post_sha256 is not None:
+            state = "post-image" if f.post_sha256 == f.expected_post_sha256 else "NOT the post-image"
+            rows.append(("file", f"{f.path}  {state} (sha256 {(f.post_sha256 or 'missing')[:16]}…)"))
+        else:
+            rows.append(("file", f.path))
     if report.compile.ran:
         rows.append(("compile", "ok" if report.compile.ok else "FAILED"))
     if report.probe.ran:

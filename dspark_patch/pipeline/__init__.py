@@ -1,0 +1,15 @@
+"""The pipeline: command line -> plan -> target -> report.
+
+`commands` holds apply / verify / probe; `steps` the steps every target shares;
+`image_steps` those of an image; `record` the run's record that becomes the AuditReport.
+"""
+
+from .commands import apply, probe, verify
+from .image_steps import LABEL_PREFIX
+from .record import StepCallback
+from .requests import ApplyRequest, ImageSpec, LocalSpec, ProbeRequest, TargetSpec, VerifyRequest
+
+__all__ = [
+    "LABEL_PREFIX", "ApplyRequest", "ImageSpec", "LocalSpec", "ProbeRequest", "StepCallback", "TargetSpec",
+    "VerifyRequest", "apply", "probe", "verify",
+]

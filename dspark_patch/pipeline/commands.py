@@ -1,0 +1,217 @@
+"""apply / verify / probe as steps: plan -> target -> report.
+
+Each command opens its target, runs named, timed steps, and always returns an AuditReport —
+a failed run included, with the error that stopped it. Nothing here prints: progress goes to
+an optional `on_step` callback that the CLI renders.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import replace
+
+from ..engine.plan import plan_patch
+from ..errors import DsparkPatchError, ProbeFailed, VerifyMismatch
+from ..patchset import resolve
+from ..report.model import AuditReport, FileReport, ImageRef
+from ..targets.base import Target
+from .image_steps import (
+    await_probe,
+    check_labels,
+    check_layer,
+    commit_image,
+    is_image,
+    probe_in_twin,
+)
+from .record import RunRecord, StepCallback, target_report, with_distribution
+from .requests import ApplyRequest, ImageSpec, LocalSpec, ProbeRequest, TargetSpec, VerifyRequest
+from .steps import (
+    CachingReader,
+    bytecode_paths,
+    bytecode_restore_plan,
+    check_integrity,
+    check_known_images,
+    check_post_images,
+    compile_files,
+    file_reports,
+    patch_name,
+    plan_or_none,
+    prepare,
+    probe_step,
+    sha256_of,
+)
+
+
+def apply(request: ApplyRequest, *, on_step: StepCallback | None = None) -> AuditReport:
+    run = RunRecord(command="apply", target=target_report(request.target), on_step=on_step)
+    return _run(run, request.target, lambda target: _apply(request, target, run))
+
+
+def verify(request: VerifyRequest, *, on_step: StepCallback | None = None) -> AuditReport:
+    run = RunRecord(command="verify", target=target_report(request.target), on_step=on_step)
+    return _run(run, request.target, lambda target: _verify(request, target, run))
+
+
+def probe(request: ProbeRequest, *, on_step: StepCallback | None = None) -> AuditReport:
+    run = RunRecord(command="probe", target=target_report(request.target), on_step=on_step)
+
+    def steps(target: Target) -> AuditReport:
+        patchset = resolve(None)
+        with run.step("locate"):
+            dist = target.locate(patchset.distribution)
+        run.target = with_distribution(run.target, dist)
+        probe_step(target, dist, run)
+        return run.report("probed")
+
+    return _run(run, request.target, steps)
+
+
+def _run(run: RunRecord, spec: TargetSpec, steps: Callable[[Target], AuditReport]) -> AuditReport:
+    """Open the target, run the steps, close the target (removing any container), report."""
+    target: Target | None = None
+    try:
+        with ExitStack() as stack:
+            target = _open(spec, run, stack)
+            report = steps(target)
+    except DsparkPatchError as exc:
+        report = run.report("failed", exc)
+    # Notes the target gathered while closing (a kept container, leftovers it removed).
+    notes = tuple(getattr(target, "notes", ()))
+    return replace(report, notes=report.notes + notes) if notes else report
+
+
+def _open(spec: TargetSpec, run: RunRecord, stack: ExitStack) -> Target:
+    with run.step("open target"):
+        if isinstance(spec, LocalSpec):
+            from ..targets.local import LocalTree
+
+            return LocalTree(spec.root, python=spec.python)
+        from ..targets.image import ImageTarget
+
+        target = stack.enter_context(ImageTarget(spec.ref))
+        run.target = replace(run.target, image=ImageRef(ref=spec.ref, id=target.info.id or ""))
+        return target
+
+
+def _apply(request: ApplyRequest, target: Target, run: RunRecord) -> AuditReport:
+    patchset, dist, variant, diff = prepare(run, target, request.patch, request.strip)
+    if isinstance(request.target, ImageSpec) and request.target.tag and not request.dry_run:
+        target.refuse_existing_tag(request.target.tag, force=request.target.force)  # type: ignore[attr-defined]
+    reader = CachingReader(target)
+    hash_checks = not patchset.is_bare and not request.allow_unknown_base
+    run.patch = replace(run.patch, hash_checks=hash_checks)  # type: ignore[arg-type]
+    if request.allow_unknown_base and not patchset.is_bare:
+        run.notes.append("--allow-unknown-base: pre-image hashes not enforced; relying on zero-fuzz placement alone")
+
+    with run.step("plan"):
+        if hash_checks:  # before placing hunks: "not the reviewed file" is the clearer message
+            check_known_images(diff, variant, dist, reader)
+        plan = plan_patch(diff, reader)
+        run.files = file_reports(plan, variant)
+        if not patchset.is_bare:
+            check_post_images(plan, variant, enforce=hash_checks or plan.status == "already-applied")
+
+    if plan.status == "already-applied":
+        run.notes.append("every hunk is already in place; nothing was written")
+        for name in ("write", "compile", "probe"):
+            run.skipped(name, "already applied")
+        if isinstance(request.target, ImageSpec) and request.target.tag and not request.dry_run:
+            # Like a cached `docker build`: the name the caller asked for points at the
+            # image that already carries the patch, so a following verify/push finds it.
+            with run.step("tag"):
+                tagged = target.tag_source(request.target.tag, force=request.target.force)  # type: ignore[attr-defined]
+            run.result_image = ImageRef(ref=tagged.ref, id=tagged.id)
+            run.notes.append(f"tagged the source image as {tagged.ref}; no new layer")
+        return run.report("already-applied")
+    if request.dry_run:
+        for name in ("write", "compile", "probe"):
+            run.skipped(name, "dry run")
+        return run.report("dry-run")
+
+    probe_wanted = request.probe and bool(patchset.probe)
+    image = request.target if isinstance(request.target, ImageSpec) else None
+    pyc_before = {pyc: reader(pyc) for pyc in bytecode_paths(plan, dist)}
+    with ExitStack() as scratch:
+        # For an image the probe runs in a twin container while this one's changes are listed.
+        pending_probe = probe_in_twin(target, dist, plan, run, scratch) if image and probe_wanted else None
+        with run.step("write"):
+            target.write(plan)
+        try:
+            if request.compile:
+                with run.step("compile"):
+                    compile_files(target, dist, plan, run)
+            else:
+                run.skipped("compile", "--no-compile")
+            if image is None:
+                if probe_wanted:
+                    probe_step(target, dist, run)
+                else:
+                    run.skipped("probe", "--no-probe" if not request.probe else "this patch set has no probe")
+                return run.report("applied")
+            check_layer(target, dist, plan, run)
+            if pending_probe is not None:
+                await_probe(pending_probe, run)
+            else:
+                run.skipped("probe", "--no-probe" if not request.probe else "this patch set has no probe")
+            commit_image(image, target, plan, patchset, variant, run)
+        except BaseException:
+            with run.step("restore"):
+                target.restore(bytecode_restore_plan(target, pyc_before, plan))
+                target.restore(plan)
+            raise
+    return run.report("applied")
+
+
+def _verify(request: VerifyRequest, target: Target, run: RunRecord) -> AuditReport:
+    patchset, dist, variant, diff = prepare(run, target, request.patch, request.strip)
+    reader = CachingReader(target)
+    problems: list[str] = []
+
+    with run.step("patched files"):
+        for fp in diff.files:
+            current = reader(fp.path)
+            current_sha = sha256_of(current)
+            expected = variant.files.get(fp.path)
+            expected_post = expected.post_sha256 if expected else None
+            expected_pre = expected.pre_sha256 if expected else None
+            run.files += (FileReport(path=fp.path, action=fp.action, pre_sha256=None, post_sha256=current_sha,
+                                     expected_pre_sha256=expected_pre, expected_post_sha256=expected_post),)
+        if patchset.is_bare:
+            plan = plan_or_none(diff, reader)
+            if plan is None or plan.status != "already-applied":
+                problems.append("the diff is not applied to this tree")
+        else:
+            for fr in run.files:
+                if fr.post_sha256 == fr.expected_post_sha256:
+                    continue
+                state = "unpatched (it is the pre-image)" if fr.post_sha256 == fr.expected_pre_sha256 and fr.post_sha256 else (
+                    "missing" if fr.post_sha256 is None else "changed (neither pre- nor post-image)")
+                problems.append(f"{fr.path} is {state}")
+
+    with run.step("integrity"):
+        run.integrity = check_integrity(target, dist, diff)
+        i = run.integrity
+        problems += [f"{p}: does not match RECORD" for p in i.mismatched]
+        problems += [f"{p}: missing (listed in RECORD)" for p in i.missing]
+        problems += list(i.stale_bytecode)
+
+    if is_image(target):
+        with run.step("labels"):
+            problems += check_labels(target, variant, patchset)
+
+    if request.probe and patchset.probe:
+        try:
+            probe_step(target, dist, run)
+        except ProbeFailed as exc:
+            problems.append(exc.message)
+    else:
+        run.skipped("probe", "--no-probe" if not request.probe else "this patch set has no probe")
+
+    if problems:
+        more = f" (and {len(problems) - 3} more; see the report)" if len(problems) > 3 else ""
+        raise VerifyMismatch(
+            f"{run.target.ref} does not carry exactly {patch_name(patchset, variant)}: " + "; ".join(problems[:3]) + more,
+            hint="apply the patch to a pristine release, or rebuild the image",
+        )
+    return run.report("verified")

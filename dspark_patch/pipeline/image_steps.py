@@ -1,0 +1,155 @@
+"""Steps only an image target has: the probe in a twin container, the exact-layer check,
+the labels, the commit and the push."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import ExitStack
+from dataclasses import replace
+
+from .. import __version__
+from ..engine.plan import PatchPlan
+from ..errors import DsparkPatchError, LayerMismatch, ProbeFailed
+from ..patchset import PatchSet, Variant
+from ..probe.run import run_probe
+from ..report.model import ImageRef, LayerChange, LayerReport, ProbeReport, StepReport
+from ..targets.base import Distribution, Target
+from .record import RunRecord
+from .requests import ImageSpec
+from .steps import bytecode_paths
+
+
+LABEL_PREFIX = "io.github.dspark-patch"
+
+
+def is_image(target: Target) -> bool:
+    return target.info.kind == "image"
+
+
+def probe_in_twin(target: Target, dist: Distribution, plan: PatchPlan, run: RunRecord, scratch: ExitStack) -> Future:
+    """Start the probe in a twin container of the source image holding the same post-images.
+
+    Nothing the probe does can reach the committed layer, and it overlaps the engine's slow
+    listing of this container's changes. The twin is entered here, in the main thread (its
+    SIGTERM handling needs that); on any failure it is removed before the worker is awaited."""
+    pool = scratch.enter_context(ThreadPoolExecutor(max_workers=1, thread_name_prefix="probe"))
+    with run.step("probe container"):
+        twin = scratch.enter_context(target.twin())  # type: ignore[attr-defined]
+
+    def job() -> tuple[ProbeReport, float]:
+        start = time.monotonic()
+        twin.write(plan)
+        return run_probe(twin, dist), time.monotonic() - start
+
+    run.notes.append("the probe ran in a disposable twin container of the source image holding the same "
+                     "post-images; it was removed afterwards, so nothing the probe did is in the result")
+    return pool.submit(job)
+
+
+def await_probe(pending: Future, run: RunRecord) -> None:
+    start = time.monotonic()
+    try:
+        report, seconds = pending.result()
+    except DsparkPatchError as exc:
+        run.record(StepReport(name="probe", status="failed", seconds=time.monotonic() - start, detail=exc.line()))
+        raise
+    run.probe = report
+    waited = time.monotonic() - start
+    detail = f"in a twin container; {waited:.2f}s of it not overlapped with the layer scan"
+    run.record(StepReport(name="probe", status="ok" if report.ok else "failed", seconds=seconds, detail=detail))
+    if not report.ok:
+        raise ProbeFailed(f"the consumer probe failed: {report.detail}", hint="see the probe cases in the report")
+
+
+def check_layer(target: Target, dist: Distribution, plan: PatchPlan, run: RunRecord) -> None:
+    with run.step("layer"):
+        changes = tuple(LayerChange(kind=k, path=p) for k, p in target.changes())  # type: ignore[attr-defined]
+        expected = expected_layer(plan, dist)
+        unexpected = tuple(c for c in changes if c.path not in expected)
+        run.layer = LayerReport(ok=not unexpected, changes=changes, unexpected=unexpected)
+        if unexpected:
+            shown = ", ".join(f"{c.kind} {c.path}" for c in unexpected[:5])
+            raise LayerMismatch(
+                f"the container changed more than the patched files: {shown}",
+                hint="nothing was committed; report this as a bug with the audit report",
+            )
+
+
+def commit_image(spec: ImageSpec, target: Target, plan: PatchPlan, patchset: PatchSet, variant: Variant, run: RunRecord) -> None:
+    labels = labels_for(patchset, variant, plan, run)
+    run.labels = tuple(sorted(labels.items()))
+    with run.step("commit"):
+        committed = target.commit(labels=labels, tag=spec.tag, force=spec.force)  # type: ignore[attr-defined]
+    run.result_image = ImageRef(ref=committed.ref, id=committed.id)
+    if spec.push and spec.tag:
+        with run.step("push"):
+            digest = target.push(spec.tag)  # type: ignore[attr-defined]
+        repository = spec.tag.rsplit(":", 1)[0] if ":" in spec.tag.rsplit("/", 1)[-1] else spec.tag
+        run.result_image = replace(run.result_image, repo_digest=f"{repository}@{digest}")
+        run.notes.append(f"pushed {spec.tag} as {repository}@{digest}")
+
+
+def expected_layer(plan: PatchPlan, dist: Distribution) -> set[str]:
+    paths = {f"{dist.location}/{pyc}" for pyc in bytecode_paths(plan, dist)}
+    for fp in plan.files:
+        full = f"{dist.location}/{fp.path}"
+        paths.add(full)
+        if fp.path.endswith(".py") and fp.post is not None:
+            folder = full.rpartition("/")[0]
+            paths.add(f"{folder}/__pycache__")
+        # every folder above a changed file shows as changed ("C") in the container's diff
+        parts = full.split("/")
+        for i in range(2, len(parts)):
+            paths.add("/".join(parts[:i]))
+    return paths
+
+
+def labels_for(patchset: PatchSet, variant: Variant, plan: PatchPlan, run: RunRecord) -> dict[str, str]:
+    files = {fp.path: fp.post_sha256 for fp in plan.files}
+    labels = {
+        f"{LABEL_PREFIX}.patch.id": patchset.id or "bare-diff",
+        f"{LABEL_PREFIX}.patch.variant": variant.name,
+        f"{LABEL_PREFIX}.patch.sha256": variant.diff_sha256,
+        f"{LABEL_PREFIX}.files": json.dumps(files, sort_keys=True, separators=(",", ":")),
+        f"{LABEL_PREFIX}.tool-version": __version__,
+    }
+    # The report digest covers the audit as it stood before the commit (the result image id cannot
+    # be inside its own label); the final report carries these labels for cross-checking.
+    pre_commit = json.dumps(digestable(run), sort_keys=True, separators=(",", ":"))
+    labels[f"{LABEL_PREFIX}.report.sha256"] = hashlib.sha256(pre_commit.encode()).hexdigest()
+    return labels
+
+
+def digestable(run: RunRecord) -> dict:
+    return {
+        "patch": run.patch and {"id": run.patch.id, "variant": run.patch.variant, "sha256": run.patch.sha256},
+        "files": [{"path": f.path, "pre": f.pre_sha256, "post": f.post_sha256,
+                   "hunks": [(h.source_start, h.applied_at, h.offset, h.fuzz) for h in f.hunks]} for f in run.files],
+        "compile": run.compile.ok, "probe": [(c.name, c.ok) for c in run.probe.cases],
+        "layer": [(c.kind, c.path) for c in run.layer.changes] if run.layer else [],
+        "source_image": run.target.image and run.target.image.id,
+    }
+
+
+def check_labels(target: Target, variant: Variant, patchset: PatchSet) -> list[str]:
+    labels = target.source.config.get("Labels") or {}  # type: ignore[attr-defined]
+    problems = []
+    files_label = labels.get(f"{LABEL_PREFIX}.files")
+    if files_label is None:
+        return [f"the image has no {LABEL_PREFIX}.* labels (it was not made by dspark-patch apply)"]
+    if labels.get(f"{LABEL_PREFIX}.patch.id") != (patchset.id or "bare-diff"):
+        problems.append(f"label {LABEL_PREFIX}.patch.id is {labels.get(f'{LABEL_PREFIX}.patch.id')!r}")
+    if labels.get(f"{LABEL_PREFIX}.patch.sha256") != variant.diff_sha256:
+        problems.append(f"label {LABEL_PREFIX}.patch.sha256 does not match the diff")
+    try:
+        files = json.loads(files_label)
+    except ValueError:
+        return problems + [f"label {LABEL_PREFIX}.files is not JSON"]
+    if not patchset.is_bare:
+        want = {p: h.post_sha256 for p, h in variant.files.items()}
+        if files != want:
+            problems.append(f"label {LABEL_PREFIX}.files does not list the reviewed post-image hashes")
+    return problems

@@ -1,0 +1,46 @@
+"""What the CLI asks the pipeline to do: frozen requests, one per command."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, kw_only=True)
+class LocalSpec:
+    root: str
+    python: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ImageSpec:
+    ref: str
+    tag: str | None = None
+    force: bool = False
+    push: bool = False
+
+
+TargetSpec = LocalSpec | ImageSpec
+
+
+@dataclass(frozen=True, kw_only=True)
+class ApplyRequest:
+    target: TargetSpec
+    patch: str | None = None
+    strip: int | None = None
+    dry_run: bool = False
+    compile: bool = True
+    probe: bool = True
+    allow_unknown_base: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class VerifyRequest:
+    target: TargetSpec
+    patch: str | None = None
+    strip: int | None = None
+    probe: bool = True
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProbeRequest:
+    target: TargetSpec

@@ -1,0 +1,202 @@
+"""Steps shared by apply and verify, on any target: choose the variant, check hashes,
+byte-compile, probe, check integrity. Each takes the target as a parameter."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from ..engine.diff import Diff, parse_diff
+from ..engine.plan import FilePlan, PatchPlan, plan_patch
+from ..errors import (
+    BadInput,
+    CompileFailed,
+    DsparkPatchError,
+    HashMismatch,
+    InvalidPatchSet,
+    ProbeFailed,
+    VerifyMismatch,
+)
+from ..inside import source as inside_source
+from ..patchset import PatchSet, Variant, resolve
+from ..probe.run import run_probe
+from ..report.model import CompiledFile, CompileReport, FileReport, HunkReport, IntegrityReport, PatchReport
+from ..targets.base import Distribution, Target
+from .record import RunRecord, with_distribution
+
+
+def prepare(run: RunRecord, target: Target, patch: str | None, strip: int | None) -> tuple[PatchSet, Distribution, Variant, Diff]:
+    """Load the patch set, find the installed distribution, pick the variant and parse its diff."""
+    with run.step("load patch"):
+        patchset = resolve(patch, strip=strip)
+    with run.step("locate"):
+        dist = target.locate(patchset.distribution)
+    run.target = with_distribution(run.target, dist)
+    variant, diff = select_variant(patchset, dist, strip, run)
+    return patchset, dist, variant, diff
+
+
+class CachingReader:
+    """Reads each file of the target once (an image read is a get_archive round trip)."""
+
+    def __init__(self, target: Target) -> None:
+        self._target = target
+        self._cache: dict[str, bytes | None] = {}
+
+    def __call__(self, path: str) -> bytes | None:
+        if path not in self._cache:
+            self._cache[path] = self._target.read(path)
+        return self._cache[path]
+
+
+def select_variant(patchset: PatchSet, dist: Distribution, strip: int | None, run: RunRecord) -> tuple[Variant, Diff]:
+    variant = patchset.variants[0] if patchset.is_bare else patchset.variant_for(dist.version)
+    run.patch = PatchReport(
+        id=patchset.id, variant=None if patchset.is_bare else variant.name, sha256=variant.diff_sha256,
+        source=str(variant.diff_path), hash_checks=not patchset.is_bare,
+    )
+    if patchset.is_bare:
+        run.notes.append("bare diff file: release and hash checks skipped")
+    try:
+        diff = parse_diff(variant.diff, strip=patchset.strip if strip is None else strip)
+    except BadInput as exc:  # the engine parses bytes; name the file they came from
+        raise type(exc)(f"{variant.diff_path}: {exc.message}", hint=exc.hint) from None
+    if not patchset.is_bare:
+        in_diff = {fp.path for fp in diff.files}
+        if in_diff != set(variant.files):
+            raise InvalidPatchSet(
+                f"patch set {patchset.id} variant {variant.name}: the diff touches {sorted(in_diff)} "
+                f"but patch.toml lists hashes for {sorted(variant.files)}",
+                hint="list every file of the diff under [variants.files]",
+            )
+    return variant, diff
+
+
+def check_known_images(diff: Diff, variant: Variant, dist: Distribution, reader: "CachingReader") -> None:
+    """Each target file must be the reviewed pre-image (matching RECORD) or, if already patched, the post-image."""
+    record = {e.path: e.sha256 for e in dist.record}
+    for fp in diff.files:
+        expected = variant.files[fp.path]
+        actual = sha256_of(reader(fp.path))
+        if actual == expected.post_sha256:
+            continue
+        if actual != expected.pre_sha256:
+            raise HashMismatch(
+                f"{fp.path}: sha256 {actual or '(missing)'} is not the {variant.name} pre-image {expected.pre_sha256}",
+                hint="the installed file was changed; reinstall the release, or pass --allow-unknown-base to rely on zero-fuzz placement",
+            )
+        if record.get(fp.path) not in (None, expected.pre_sha256):
+            raise HashMismatch(
+                f"{fp.path}: RECORD says sha256 {record[fp.path]}, the patch set expects {expected.pre_sha256}",
+                hint="this is not the release's own file list; reinstall the release",
+            )
+
+
+def check_post_images(plan: PatchPlan, variant: Variant, *, enforce: bool) -> None:
+    for fp in plan.files:
+        expected = variant.files[fp.path].post_sha256
+        if enforce and fp.post_sha256 != expected:
+            raise HashMismatch(
+                f"{fp.path}: the result would have sha256 {fp.post_sha256 or 'none'}, not the reviewed post-image {expected}",
+                hint="the tree differs from the reviewed release; nothing was written",
+            )
+
+
+def compile_files(target: Target, dist: Distribution, plan: PatchPlan, run: RunRecord) -> None:
+    paths = [fp.path for fp in plan.files if fp.post is not None and fp.path.endswith(".py")]
+    if not paths:
+        run.compile = CompileReport(ok=True, ran=True)
+        return
+    result = target.run_python(inside_source("compile"), [f"{dist.location}/{p}" for p in paths], timeout=300)
+    try:
+        rows = json.loads(result.stdout.decode("utf-8"))["files"]
+    except (ValueError, KeyError):
+        raise CompileFailed(
+            f"byte-compiling with {dist.python} failed: {result.stderr.decode('utf-8', 'replace').strip()[-300:]}",
+            hint="the pre-images were restored",
+        ) from None
+    files = tuple(
+        CompiledFile(path=rel, ok=bool(row["ok"]), detail=row["detail"]) for rel, row in zip(paths, rows, strict=True)
+    )
+    run.compile = CompileReport(ok=all(f.ok for f in files), ran=True, files=files)
+    bad = [f for f in files if not f.ok]
+    if bad:
+        raise CompileFailed(
+            f"{bad[0].path} does not compile with {dist.python} ({dist.python_version}): {bad[0].detail}",
+            hint="the pre-images were restored; the patch does not suit this interpreter",
+        )
+
+
+def probe_step(target: Target, dist: Distribution, run: RunRecord) -> None:
+    with run.step("probe"):
+        run.probe = run_probe(target, dist)
+        if not run.probe.ok:
+            raise ProbeFailed(f"the consumer probe failed: {run.probe.detail}", hint="see the probe cases in the report")
+
+
+def check_integrity(target: Target, dist: Distribution, diff: Diff) -> IntegrityReport:
+    if dist.record_file is None:
+        return IntegrityReport(checked=0, not_checked=("RECORD missing",))
+    py_files = [fp.path for fp in diff.files if fp.action != "delete" and fp.path.endswith(".py")]
+    request = {"location": dist.location, "record": dist.record_file,
+               "skip": [fp.path for fp in diff.files], "bytecode": py_files}
+    result = target.run_python(inside_source("integrity"), [json.dumps(request)], timeout=600)
+    try:
+        doc = json.loads(result.stdout.decode("utf-8"))
+    except ValueError:
+        raise VerifyMismatch(
+            f"the integrity check could not run with {dist.python}: {result.stderr.decode('utf-8', 'replace').strip()[-300:]}"
+        ) from None
+    stale = tuple(f"{path}: {why}" for path, why in doc["bytecode"].items() if why)
+    return IntegrityReport(checked=doc["checked"], mismatched=tuple(doc["mismatched"]), missing=tuple(doc["missing"]),
+                           not_checked=tuple(doc["not_checked"]), stale_bytecode=stale)
+
+
+def bytecode_paths(plan: PatchPlan, dist: Distribution) -> list[str]:
+    """The cached-bytecode path (relative to location) of every patched module."""
+    paths = []
+    for fp in plan.files:
+        if fp.path.endswith(".py"):
+            folder, _, name = fp.path.rpartition("/")
+            paths.append(f"{folder + '/' if folder else ''}__pycache__/{name[:-3]}.{dist.cache_tag}.pyc")
+    return paths
+
+
+def bytecode_restore_plan(target: Target, before: dict[str, bytes | None], plan: PatchPlan) -> PatchPlan:
+    """A plan whose restore puts each module's previous .pyc back (or removes one we created)."""
+    files = []
+    for pyc, old in before.items():
+        now = target.read(pyc)
+        if now != old:
+            files.append(FilePlan(path=pyc, action="modify" if old is not None and now is not None else "add",
+                                  pre=old, post=now, pre_sha256=sha256_of(old), post_sha256=sha256_of(now), placements=()))
+    return PatchPlan(status="apply", diff_sha256=plan.diff_sha256, files=tuple(files))
+
+
+def plan_or_none(diff: Diff, reader: CachingReader) -> PatchPlan | None:
+    try:
+        return plan_patch(diff, reader)
+    except DsparkPatchError:
+        return None
+
+
+def file_reports(plan: PatchPlan, variant: Variant) -> tuple[FileReport, ...]:
+    reports = []
+    for fp in plan.files:
+        expected = variant.files.get(fp.path)
+        reports.append(FileReport(
+            path=fp.path, action=fp.action, pre_sha256=fp.pre_sha256, post_sha256=fp.post_sha256,
+            expected_pre_sha256=expected.pre_sha256 if expected else None,
+            expected_post_sha256=expected.post_sha256 if expected else None,
+            hunks=tuple(HunkReport(index=p.hunk_index, source_start=p.source_start, applied_at=p.applied_at,
+                                   offset=p.offset, fuzz=p.fuzz) for p in fp.placements),
+        ))
+    return tuple(reports)
+
+
+def sha256_of(data: bytes | None) -> str | None:
+    return None if data is None else hashlib.sha256(data).hexdigest()
+
+
+def patch_name(patchset: PatchSet, variant: Variant) -> str:
+    return f"{patchset.id} ({variant.name})" if patchset.id else f"the diff {variant.diff_path.name}"
