@@ -233,12 +233,17 @@ def test_existing_tag_is_refused_before_any_work(client, source, tag, tmp_path):
 def test_a_run_killed_midway_leaves_no_tag_and_its_container_goes(sig, client, source, tag, tmp_path):
     proc = subprocess.Popen([str(SCRIPT), "apply", "--image", source, "--tag", tag, "--report-dir", str(tmp_path / "r")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 120
-    while not our_containers(client):
-        assert proc.poll() is None and time.monotonic() < deadline, "the run never started a container"
-        time.sleep(0.1)
-    proc.send_signal(sig)
-    proc.wait(timeout=60)
+    try:
+        deadline = time.monotonic() + 120
+        while not our_containers(client):
+            assert proc.poll() is None and time.monotonic() < deadline, "the run never started a container"
+            time.sleep(0.1)
+        proc.send_signal(sig)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:  # the test failed before its signal: do not let the run tag later
+            proc.kill()
+            proc.wait()
     assert proc.returncode != 0
     assert not image_exists(client, tag)
     if sig == signal.SIGTERM:
