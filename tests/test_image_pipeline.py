@@ -278,3 +278,22 @@ def _commit_changed(client, ref: str, new_tag: str, *, files=None, labels=None) 
     finally:
         container.remove(force=True)
     return new_tag
+
+
+def test_an_image_whose_consumer_reads_the_residual_fails_the_probe_and_is_not_tagged(client, source, tag, tmp_path):
+    dflash = f"{LOCATION}/vllm/v1/worker/gpu/spec_decode/dflash/speculator.py"
+    anchor = b"        start = 0\n        if num_graph_tokens and self._aux_staging is not None:\n"
+    broken_tag = f"{tag}-broken-consumer"
+    images_before = {i.id for i in client.images.list(all=True)}
+    try:
+        broken = _commit_changed(client, source, broken_tag, files={
+            dflash: lambda b: b.replace(anchor, b"        _ = last_hidden_states[:num_tokens].sum()\n" + anchor, 1)})
+        images_before.add(client.images.get(broken).id)
+        res = run("apply", "--image", broken, "--tag", tag, "--report-dir", str(tmp_path / "r"))
+        line = res.assert_clean_error(1)
+        assert "probe" in line and "consumer-ordinary" in line
+        assert not image_exists(client, tag)
+        assert {i.id for i in client.images.list(all=True)} == images_before  # nothing committed
+        assert our_containers(client) == []  # the work container and its twin are gone
+    finally:
+        client.images.remove(broken_tag, force=True)

@@ -216,3 +216,26 @@ def test_list_and_show_name_the_patch_set() -> None:
     assert res.returncode == 0
     shown = res.json["variants"][0]["files"]
     assert shown == {p: {"pre_sha256": h.pre_sha256, "post_sha256": h.post_sha256} for p, h in VARIANT.files.items()}
+
+
+DFLASH = "vllm/v1/worker/gpu/spec_decode/dflash/speculator.py"
+RESIDUAL_READ_ANCHOR = "        start = 0\n        if num_graph_tokens and self._aux_staging is not None:\n"
+
+
+def test_a_failing_probe_restores_the_tree_sources_and_bytecode(vllm033_tree: Path, tmp_path: Path) -> None:
+    """The consumer in this tree reads the residual, so skipping the buffer would be wrong:
+    apply must fail on the probe and leave every patched file and its bytecode as it was."""
+    consumer = vllm033_tree / DFLASH
+    source = consumer.read_bytes()
+    assert source.count(RESIDUAL_READ_ANCHOR.encode()) == 1
+    replace_file(consumer, source.replace(RESIDUAL_READ_ANCHOR.encode(),
+                                          b"        _ = last_hidden_states[:num_tokens].sum()\n" + RESIDUAL_READ_ANCHOR.encode()))
+    before = snapshot(vllm033_tree)
+    assert all(v != "absent" for v in before.values())  # pip compiled them: the restore must bring them back
+    res = run("apply", "--root", str(vllm033_tree), "--python", PY, "--report-dir", str(tmp_path / "r"))
+    line = res.assert_clean_error(1)
+    assert "probe" in line and "consumer-ordinary" in line
+    assert snapshot(vllm033_tree) == before
+    audit = json.loads((tmp_path / "r" / "audit.json").read_text())
+    assert audit["status"] == "failed" and audit["errors"][0]["kind"] == "probe-failed"
+    assert [s["name"] for s in audit["steps"]][-1] == "restore"
