@@ -26,6 +26,16 @@ def _hex_sha256(file_hash: object) -> str | None:
     return base64.urlsafe_b64decode(value + "=" * (-len(value) % 4)).hex()
 
 
+def record_of(dist: importlib.metadata.Distribution) -> tuple[str | None, list]:
+    """RECORD's path relative to the location (or None) and its rows as [path, sha256, size]."""
+    record, record_file = [], None
+    for entry in dist.files or ():
+        record.append([str(entry), _hex_sha256(entry.hash), entry.size])
+        if str(entry).endswith(".dist-info/RECORD"):
+            record_file = str(entry)
+    return record_file, record
+
+
 def locate(name: str) -> dict:
     """Describe distribution `name` as this interpreter sees it.
 
@@ -52,12 +62,7 @@ def locate(name: str) -> dict:
     package_dir = None
     if spec is not None and spec.submodule_search_locations:
         package_dir = os.path.normpath(list(spec.submodule_search_locations)[0])
-    record = []
-    record_file = None
-    for entry in dist.files or ():
-        record.append([str(entry), _hex_sha256(entry.hash), entry.size])
-        if str(entry).endswith(".dist-info/RECORD"):
-            record_file = str(entry)
+    record_file, record = record_of(dist)
     result.update(
         found=True,
         name=dist.metadata["Name"],

@@ -12,14 +12,14 @@ from dataclasses import replace
 
 from .. import __version__
 from ..engine.plan import PatchPlan
-from ..errors import DsparkPatchError, LayerMismatch, ProbeFailed
+from ..errors import DsparkPatchError, LayerMismatch
 from ..patchset import PatchSet, Variant
 from ..probe.run import run_probe
 from ..report.model import ImageRef, LayerChange, LayerReport, ProbeReport, StepReport
 from ..targets.base import Distribution, Target
 from .record import RunRecord
 from .requests import ImageSpec
-from .steps import bytecode_paths
+from .steps import bytecode_paths, probe_failure
 
 
 LABEL_PREFIX = "io.github.dspark-patch"
@@ -61,7 +61,7 @@ def await_probe(pending: Future, run: RunRecord) -> None:
     detail = f"in a twin container; {waited:.2f}s of it not overlapped with the layer scan"
     run.record(StepReport(name="probe", status="ok" if report.ok else "failed", seconds=seconds, detail=detail))
     if not report.ok:
-        raise ProbeFailed(f"the consumer probe failed: {report.detail}", hint="see the probe cases in the report")
+        raise probe_failure(report)
 
 
 def check_layer(target: Target, dist: Distribution, plan: PatchPlan, run: RunRecord) -> None:

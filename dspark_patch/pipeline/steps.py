@@ -20,7 +20,7 @@ from ..errors import (
 from ..inside import source as inside_source
 from ..patchset import PatchSet, Variant, resolve
 from ..probe.run import run_probe
-from ..report.model import CompiledFile, CompileReport, FileReport, HunkReport, IntegrityReport, PatchReport
+from ..report.model import CompiledFile, CompileReport, FileReport, HunkReport, IntegrityReport, PatchReport, ProbeReport
 from ..targets.base import Distribution, Target
 from .record import RunRecord, with_distribution
 
@@ -127,11 +127,15 @@ def compile_files(target: Target, dist: Distribution, plan: PatchPlan, run: RunR
         )
 
 
+def probe_failure(report: ProbeReport) -> ProbeFailed:
+    return ProbeFailed(f"the consumer probe failed: {report.detail}", hint="see the probe cases in the report")
+
+
 def probe_step(target: Target, dist: Distribution, run: RunRecord) -> None:
     with run.step("probe"):
         run.probe = run_probe(target, dist)
         if not run.probe.ok:
-            raise ProbeFailed(f"the consumer probe failed: {run.probe.detail}", hint="see the probe cases in the report")
+            raise probe_failure(run.probe)
 
 
 def check_integrity(target: Target, dist: Distribution, diff: Diff) -> IntegrityReport:

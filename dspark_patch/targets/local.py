@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import os
 import re
 import shutil
@@ -14,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import EnvironmentProblem, TargetNotFound
+from ..inside.locate import record_of
 from . import fs
 from .base import Distribution, RecordEntry, RunResult, TargetInfo
 
@@ -46,7 +46,7 @@ class LocalTree:
             name = dist.metadata["Name"] if dist.metadata else None
             if name and _normalize(name) == wanted:
                 python_version, cache_tag = self._interpreter()
-                record_file = info_dir / "RECORD"
+                record_file, record = record_of(dist)
                 return Distribution(
                     name=name,
                     version=dist.version,
@@ -54,8 +54,8 @@ class LocalTree:
                     python=self.python,
                     python_version=python_version,
                     cache_tag=cache_tag,
-                    record_file=f"{info_dir.name}/RECORD" if record_file.is_file() else None,
-                    record=_record(record_file),
+                    record_file=record_file,
+                    record=tuple(RecordEntry(path=p, sha256=h, size=n) for p, h, n in record),
                 )
         raise TargetNotFound(
             f"no {distribution} distribution (*.dist-info) in {self.root}",
@@ -113,32 +113,3 @@ def _find_python(python: str | None) -> str:
     if found is None:
         raise TargetNotFound(f"--python {python}: no such interpreter", hint="give the path of the Python that runs the tree")
     return os.path.abspath(found)
-
-
-def _record(record_path: Path) -> tuple[RecordEntry, ...]:
-    if not record_path.is_file():
-        return ()
-    entries = []
-    with record_path.open(newline="", encoding="utf-8") as fh:
-        for row in csv.reader(fh):
-            if not row:
-                continue
-            hash_field = row[1] if len(row) > 1 else ""
-            size = row[2] if len(row) > 2 else ""
-            entries.append(
-                RecordEntry(
-                    path=row[0],
-                    sha256=_record_hex(hash_field),
-                    size=int(size) if size.isdigit() else None,
-                )
-            )
-    return tuple(entries)
-
-
-def _record_hex(field: str) -> str | None:
-    import base64
-
-    algo, _, b64 = field.partition("=")
-    if algo != "sha256" or not b64:
-        return None
-    return base64.urlsafe_b64decode(b64 + "=" * (-len(b64) % 4)).hex()
