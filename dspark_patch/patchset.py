@@ -12,6 +12,7 @@ import os
 import re
 import tomllib
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 from .errors import InvalidPatchSet, UnknownPatchSet, UnsupportedRelease
@@ -24,7 +25,6 @@ _TOP_KEYS = {"id", "title", "summary", "distribution", "strip", "probe", "varian
 _REQUIRED_TOP = {"id", "title", "summary", "distribution", "variants"}
 _VARIANT_KEYS = {"name", "releases", "diff", "files"}
 _FILE_KEYS = {"pre_sha256", "post_sha256"}
-_PROBES = {"", "consumer"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,7 +53,7 @@ class PatchSet:
     summary: str
     distribution: str
     strip: int
-    probe: str                 # "" or "consumer"
+    probe: Path | None         # the patch set's own probe script, or None: it has none
     source: Path               # the folder (or bare diff file) it was loaded from
     variants: tuple[Variant, ...]
 
@@ -73,15 +73,15 @@ class PatchSet:
 
 
 def patches_dir() -> Path:
-    """Where the shipped patch sets live: $DSPARK_PATCH_PATCHES, the repository, or the package."""
+    """Where the shipped patch sets live: $DSPARK_PATCH_PATCHES, else the package data.
+
+    The repository's top-level patches/ folder is installed as `dspark_patch.patches` (wheel,
+    sdist and editable install alike; see setup.py), so one lookup serves every install."""
     env = os.environ.get("DSPARK_PATCH_PATCHES")
     if env:
         return Path(env)
-    here = Path(__file__).resolve().parent
-    for candidate in (here.parent / "patches", here / "patches"):
-        if candidate.is_dir():
-            return candidate
-    return here.parent / "patches"
+    # Wheels install unpacked and the editable finder maps onto the checkout: always a real folder.
+    return Path(str(resources.files("dspark_patch.patches")))
 
 
 def available() -> list[PatchSet]:
@@ -114,7 +114,7 @@ def load_bare(path: Path, *, strip: int = 1) -> PatchSet:
     variant = Variant(name="bare-diff", releases=(), diff_path=path, diff=data, files={})
     return PatchSet(
         id=None, title=path.name, summary="a bare diff file: no release or hash checks",
-        distribution="vllm", strip=strip, probe="", source=path, variants=(variant,),
+        distribution="vllm", strip=strip, probe=None, source=path, variants=(variant,),
     )
 
 
@@ -137,9 +137,7 @@ def load_dir(folder: Path) -> PatchSet:
     strip = doc.get("strip", 1)
     if not isinstance(strip, int) or isinstance(strip, bool) or strip < 0:
         raise InvalidPatchSet(f"{where}: strip must be a non-negative integer")
-    probe = doc.get("probe", "")
-    if probe not in _PROBES:
-        raise InvalidPatchSet(f"{where}: probe {probe!r} is not one of {sorted(_PROBES)}")
+    probe = _probe(folder, doc.get("probe"), where=where)
     raw_variants = doc["variants"]
     if not isinstance(raw_variants, list) or not raw_variants:
         raise InvalidPatchSet(f"{where}: needs at least one [[variants]] table")
@@ -158,6 +156,27 @@ def load_dir(folder: Path) -> PatchSet:
     )
 
 
+def _probe(folder: Path, raw: object, *, where: str) -> Path | None:
+    """The patch set's probe: a Python file in its own folder, run by the target's interpreter."""
+    if raw is None:
+        return None
+    if not isinstance(raw, str) or not raw.endswith(".py"):
+        raise InvalidPatchSet(f"{where}: probe must name a .py file in the patch set's folder, got {raw!r}",
+                              hint='e.g. probe = "probe.py"; leave it out if the patch set has no probe')
+    path = _inside(folder, raw, what="probe", where=where)
+    if not path.is_file():
+        raise InvalidPatchSet(f"{where}: probe file {raw} is missing from {folder}",
+                              hint="add the file, or remove the probe key")
+    return path
+
+
+def _inside(folder: Path, name: str, *, what: str, where: str) -> Path:
+    path = (folder / name).resolve()
+    if path.parent != folder.resolve():
+        raise InvalidPatchSet(f"{where}: {what} {name!r} must be a file inside {folder}")
+    return path
+
+
 def _variant(folder: Path, raw: object, *, where: str) -> Variant:
     if not isinstance(raw, dict):
         raise InvalidPatchSet(f"{where}: must be a table")
@@ -167,9 +186,7 @@ def _variant(folder: Path, raw: object, *, where: str) -> Variant:
     if not isinstance(releases, list) or not releases or not all(isinstance(r, str) and r for r in releases):
         raise InvalidPatchSet(f"{where}: releases must be a non-empty list of version strings")
     diff_name = _str(raw, "diff", where)
-    diff_path = (folder / diff_name).resolve()
-    if diff_path.parent != folder.resolve():
-        raise InvalidPatchSet(f"{where}: diff {diff_name!r} must be a file inside {folder}")
+    diff_path = _inside(folder, diff_name, what="diff", where=where)
     try:
         diff = diff_path.read_bytes()
     except FileNotFoundError:

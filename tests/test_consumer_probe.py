@@ -22,7 +22,7 @@ from dspark_patch.targets.fs import read_inside, write_plan
 from tests.support import vllm
 
 REPO = Path(__file__).resolve().parents[1]
-PROBE = REPO / "dspark_patch" / "probe" / "consumer_probe.py"
+PROBE = REPO / "patches" / "dspark-skip-mtp-buffer" / "probe.py"
 PATCH_DIR = REPO / "patches" / "dspark-skip-mtp-buffer"
 MODEL = "vllm/models/deepseek_v4/nvidia/model.py"
 DFLASH = "vllm/v1/worker/gpu/spec_decode/dflash/speculator.py"

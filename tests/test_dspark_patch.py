@@ -29,7 +29,7 @@ from tests.support import vllm
 
 REPO = Path(__file__).resolve().parents[1]
 PATCH_DIR = REPO / "patches" / "dspark-skip-mtp-buffer"
-PROBE = REPO / "dspark_patch" / "probe" / "consumer_probe.py"
+PROBE = REPO / "patches" / "dspark-skip-mtp-buffer" / "probe.py"
 FLAG = "VLLM_PCAI_DSPARK_SKIP_MTP_BUFFER"
 MODEL = "vllm/models/deepseek_v4/nvidia/model.py"
 ENVS = "vllm/envs.py"

@@ -7,9 +7,11 @@ Each command builds a request, hands it to the pipeline, and renders the report 
 from __future__ import annotations
 
 import sys
+from typing import Annotated
 
 import typer
 
+from .. import __version__
 from ..errors import DsparkPatchError
 from . import apply as apply_cmd
 from . import evaluate as evaluate_cmd
@@ -28,6 +30,22 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
+
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        print(f"dspark-patch {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _options(
+    version: Annotated[bool, typer.Option("--version", is_eager=True, callback=_print_version,
+                                          help="Print the version and exit.")] = False,
+) -> None:
+    """Options that come before the command."""
+
 
 for module in (apply_cmd, verify_cmd, patches_cmd, report_cmd, evaluate_cmd):
     module.register(app)

@@ -18,7 +18,7 @@ ImageOpt = Annotated[Optional[str], typer.Option("--image", help="An image refer
 PythonOpt = Annotated[Optional[str], typer.Option("--python", help="Interpreter that runs the tree (--root only; default: this one).")]
 PatchOpt = Annotated[Optional[str], typer.Option("--patch", help="Patch-set id, patch-set folder, or a bare diff file. Default: dspark-skip-mtp-buffer.")]
 StripOpt = Annotated[Optional[int], typer.Option("--strip", min=0, help="Leading path components to strip, like patch -pN (default: the patch set's, 1).")]
-NoProbeOpt = Annotated[bool, typer.Option("--no-probe", help="Skip the consumer CPU probe.")]
+NoProbeOpt = Annotated[bool, typer.Option("--no-probe", help="Skip the patch set's CPU probe.")]
 ReportDirOpt = Annotated[Optional[Path], typer.Option("--report-dir", help="Write audit.json, audit.md, junit.xml (and the attestation) here. Default: ./dspark-patch-reports/<command>-<time>.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the audit report as JSON on stdout and nothing else.")]
 JunitOpt = Annotated[Optional[Path], typer.Option("--junit", help="Also write a JUnit XML file here.")]

@@ -34,7 +34,7 @@ def show(patch_id: Annotated[str, typer.Argument(metavar="ID", help="A patch-set
     if as_json:
         output.print_json(json.dumps(_summary(p), indent=2))
         return
-    lines = [f"{p.id or p.title}: {p.title}", "", p.summary, "", f"distribution: {p.distribution}   strip: {p.strip}   probe: {p.probe or 'none'}"]
+    lines = [f"{p.id or p.title}: {p.title}", "", p.summary, "", f"distribution: {p.distribution}   strip: {p.strip}   probe: {p.probe.name if p.probe else 'none'}"]
     for v in p.variants:
         lines.append(f"variant {v.name}: releases {', '.join(v.releases) or '-'}; diff {v.diff_path.name} sha256 {v.diff_sha256}")
         for path, h in v.files.items():
@@ -53,7 +53,7 @@ def gc() -> None:
 def _summary(p: patchsets.PatchSet) -> dict:
     return {
         "id": p.id, "title": p.title, "summary": p.summary, "distribution": p.distribution,
-        "strip": p.strip, "probe": p.probe,
+        "strip": p.strip, "probe": p.probe.name if p.probe else None,
         "variants": [{"name": v.name, "releases": list(v.releases), "diff": v.diff_path.name,
                       "sha256": v.diff_sha256,
                       "files": {k: {"pre_sha256": h.pre_sha256, "post_sha256": h.post_sha256} for k, h in v.files.items()}}

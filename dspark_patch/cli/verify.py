@@ -34,11 +34,12 @@ def verify(
 def probe(
     root: common.RootOpt = None,
     image: common.ImageOpt = None,
+    patch: common.PatchOpt = None,
     python: common.PythonOpt = None,
     report_dir: common.ReportDirOpt = None,
     as_json: common.JsonOpt = False,
 ) -> None:
-    """Run the consumer CPU probe with the target's own interpreter (exit 0 pass, 1 fail)."""
-    request = pipeline.ProbeRequest(target=common.target_spec(root, image, python))
+    """Run the patch set's own CPU probe with the target's interpreter (exit 0 pass, 1 fail)."""
+    request = pipeline.ProbeRequest(target=common.target_spec(root, image, python), patch=patch)
     report = pipeline.probe(request, on_step=output.step_printer(not as_json))
     common.finish(report, report_dir=report_dir, as_json=as_json)

@@ -12,7 +12,7 @@ from contextlib import ExitStack
 from dataclasses import replace
 
 from ..engine.plan import plan_patch
-from ..errors import DsparkPatchError, ProbeFailed, VerifyMismatch
+from ..errors import BadInput, DsparkPatchError, ProbeFailed, VerifyMismatch
 from ..patchset import resolve
 from ..report.model import AuditReport, FileReport, ImageRef
 from ..targets.base import Target
@@ -57,11 +57,17 @@ def probe(request: ProbeRequest, *, on_step: StepCallback | None = None) -> Audi
     run = RunRecord(command="probe", target=target_report(request.target), on_step=on_step)
 
     def steps(target: Target) -> AuditReport:
-        patchset = resolve(None)
+        with run.step("load patch"):
+            patchset = resolve(request.patch)
         with run.step("locate"):
             dist = target.locate(patchset.distribution)
         run.target = with_distribution(run.target, dist)
-        probe_step(target, dist, run)
+        if patchset.probe is None:
+            run.skipped("probe", "this patch set has no probe")
+            which = f"patch set {patchset.id}" if patchset.id else f"the bare diff {patchset.source.name}"
+            raise BadInput(f"{which} has no probe, so there is nothing to run",
+                           hint="choose a patch set whose patch.toml names a probe (dspark-patch show ID)")
+        probe_step(target, dist, patchset.probe, run)
         return run.report("probed")
 
     return _run(run, request.target, steps)
@@ -129,12 +135,12 @@ def _apply(request: ApplyRequest, target: Target, run: RunRecord) -> AuditReport
             run.skipped(name, "dry run")
         return run.report("dry-run")
 
-    probe_wanted = request.probe and bool(patchset.probe)
+    probe = patchset.probe if request.probe else None
     image = request.target if isinstance(request.target, ImageSpec) else None
     pyc_before = {pyc: reader(pyc) for pyc in bytecode_paths(plan, dist)}
     with ExitStack() as scratch:
         # For an image the probe runs in a twin container while this one's changes are listed.
-        pending_probe = probe_in_twin(target, dist, plan, run, scratch) if image and probe_wanted else None
+        pending_probe = probe_in_twin(target, dist, plan, probe, run, scratch) if image and probe else None
         with run.step("write"):
             target.write(plan)
         try:
@@ -144,8 +150,8 @@ def _apply(request: ApplyRequest, target: Target, run: RunRecord) -> AuditReport
             else:
                 run.skipped("compile", "--no-compile")
             if image is None:
-                if probe_wanted:
-                    probe_step(target, dist, run)
+                if probe is not None:
+                    probe_step(target, dist, probe, run)
                 else:
                     run.skipped("probe", "--no-probe" if not request.probe else "this patch set has no probe")
                 return run.report("applied")
@@ -200,9 +206,9 @@ def _verify(request: VerifyRequest, target: Target, run: RunRecord) -> AuditRepo
         with run.step("labels"):
             problems += check_labels(target, variant, patchset)
 
-    if request.probe and patchset.probe:
+    if request.probe and patchset.probe is not None:
         try:
-            probe_step(target, dist, run)
+            probe_step(target, dist, patchset.probe, run)
         except ProbeFailed as exc:
             problems.append(exc.message)
     else:

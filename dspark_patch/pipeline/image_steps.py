@@ -9,6 +9,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import replace
+from pathlib import Path
 
 from .. import __version__
 from ..engine.plan import PatchPlan
@@ -29,7 +30,8 @@ def is_image(target: Target) -> bool:
     return target.info.kind == "image"
 
 
-def probe_in_twin(target: Target, dist: Distribution, plan: PatchPlan, run: RunRecord, scratch: ExitStack) -> Future:
+def probe_in_twin(target: Target, dist: Distribution, plan: PatchPlan, probe: Path, run: RunRecord,
+                  scratch: ExitStack) -> Future:
     """Start the probe in a twin container of the source image holding the same post-images.
 
     Nothing the probe does can reach the committed layer, and it overlaps the engine's slow
@@ -42,7 +44,7 @@ def probe_in_twin(target: Target, dist: Distribution, plan: PatchPlan, run: RunR
     def job() -> tuple[ProbeReport, float]:
         start = time.monotonic()
         twin.write(plan)
-        return run_probe(twin, dist), time.monotonic() - start
+        return run_probe(twin, dist, probe), time.monotonic() - start
 
     run.notes.append("the probe ran in a disposable twin container of the source image holding the same "
                      "post-images; it was removed afterwards, so nothing the probe did is in the result")

@@ -44,3 +44,4 @@ class VerifyRequest:
 @dataclass(frozen=True, kw_only=True)
 class ProbeRequest:
     target: TargetSpec
+    patch: str | None = None   # whose probe to run; default: dspark-skip-mtp-buffer

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 
 from ..engine.diff import Diff, parse_diff
 from ..engine.plan import FilePlan, PatchPlan, plan_patch
@@ -128,12 +129,12 @@ def compile_files(target: Target, dist: Distribution, plan: PatchPlan, run: RunR
 
 
 def probe_failure(report: ProbeReport) -> ProbeFailed:
-    return ProbeFailed(f"the consumer probe failed: {report.detail}", hint="see the probe cases in the report")
+    return ProbeFailed(f"the patch set's probe failed: {report.detail}", hint="see the probe cases in the report")
 
 
-def probe_step(target: Target, dist: Distribution, run: RunRecord) -> None:
+def probe_step(target: Target, dist: Distribution, probe: Path, run: RunRecord) -> None:
     with run.step("probe"):
-        run.probe = run_probe(target, dist)
+        run.probe = run_probe(target, dist, probe)
         if not run.probe.ok:
             raise probe_failure(run.probe)
 

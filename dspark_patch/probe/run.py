@@ -1,4 +1,13 @@
-"""Ship the consumer probe through a target and read its verdict.
+"""Ship a patch set's own probe through a target and read its verdict.
+
+The probe is knowledge of one patch, so it lives in the patch set (`probe = "probe.py"` in its
+patch.toml); this runner knows only the contract every probe keeps:
+
+- arguments `--site DIR --json`; stdout one JSON object
+  `{"schema": "dspark-patch/probe/v1", "ok": bool, "cases": [{"name", "ok", "detail"}, ...], ...}`
+  (further top-level keys are the probe's own and are left alone);
+- exit 0 every case passed, 1 a case failed, 2 usage error, 3 the interpreter lacks what the
+  probe needs (torch, for the DSpark probe).
 
 The probe runs under the target's own interpreter (`--python` for a local tree, the image's
 python3 for an image) on CPU only, with its source passed as an argument: nothing is written
@@ -8,7 +17,7 @@ into the target, so an image's committed layer stays exactly the patched files.
 from __future__ import annotations
 
 import json
-from importlib import resources
+from pathlib import Path
 
 from ..errors import EnvironmentProblem
 from ..report.model import ProbeCase, ProbeReport
@@ -21,31 +30,39 @@ PROBE_TIMEOUT_S = 600.0
 _PROBE_ENV = {"CUDA_VISIBLE_DEVICES": "", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1"}
 
 
-def probe_source() -> str:
-    return resources.files(__package__).joinpath("consumer_probe.py").read_text(encoding="utf-8")
-
-
-def run_probe(target: Target, dist: Distribution, *, timeout: float = PROBE_TIMEOUT_S) -> ProbeReport:
-    result = target.run_python(probe_source(), ["--site", dist.location, "--json"], env=_PROBE_ENV, timeout=timeout)
+def run_probe(target: Target, dist: Distribution, probe: Path, *, timeout: float = PROBE_TIMEOUT_S) -> ProbeReport:
+    """Run the probe script `probe` (a patch set's) against `dist` with the target's python."""
+    source = probe.read_text(encoding="utf-8")
+    result = target.run_python(source, ["--site", dist.location, "--json"], env=_PROBE_ENV, timeout=timeout)
     stderr_tail = result.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or [""]
     if result.timed_out:
         return ProbeReport(ok=False, ran=True, detail=f"the probe did not finish within {timeout:.0f} s")
     if result.returncode == 3:
         raise EnvironmentProblem(
-            f"the probe cannot run with {dist.python}: {stderr_tail[0] or 'torch is not importable'}",
-            hint="the target's interpreter needs torch (CPU is enough); or pass --no-probe",
+            f"the probe {probe.name} cannot run with {dist.python}: {stderr_tail[0] or 'a module it needs is missing'}",
+            hint="the target's interpreter needs what the probe imports (torch, CPU build, for DSpark); or pass --no-probe",
         )
     try:
         doc = json.loads(result.stdout.decode("utf-8"))
-        if doc.get("schema") != PROBE_SCHEMA:
-            raise ValueError(f"unexpected schema {doc.get('schema')!r}")
+        if not isinstance(doc, dict) or doc.get("schema") != PROBE_SCHEMA:
+            raise ValueError(f"unexpected schema {doc.get('schema') if isinstance(doc, dict) else doc!r}")
+        if not isinstance(doc.get("ok"), bool):
+            raise ValueError("no boolean 'ok'")
         cases = tuple(ProbeCase(name=str(c["name"]), ok=bool(c["ok"]), detail=str(c["detail"])) for c in doc["cases"])
     except (ValueError, KeyError, TypeError) as exc:
         return ProbeReport(
             ok=False, ran=True,
             detail=f"the probe exited {result.returncode} without a readable verdict ({exc}); stderr: {stderr_tail[0]}",
         )
-    ok = result.returncode == 0 and bool(cases) and all(c.ok for c in cases)
+    # Every signal must agree: the exit code, the probe's own verdict and each case.
+    ok = result.returncode == 0 and doc["ok"] and bool(cases) and all(c.ok for c in cases)
     failed = [c.name for c in cases if not c.ok]
-    detail = "" if ok else (f"failing cases: {', '.join(failed)}" if failed else f"probe exited {result.returncode}")
+    if ok:
+        detail = ""
+    elif failed:
+        detail = f"failing cases: {', '.join(failed)}"
+    elif not cases:
+        detail = f"the probe reported no cases (exit {result.returncode})"
+    else:
+        detail = f"probe exited {result.returncode} with every case passing; stderr: {stderr_tail[0]}"
     return ProbeReport(ok=ok, ran=True, cases=cases, detail=detail)
