@@ -69,3 +69,13 @@ def test_a_shipped_patch_set_loads_and_lists_every_file_of_its_diff():
     diff = (SHIPPED / variant["diff"]).read_text()
     in_diff = {line[len("+++ b/"):].strip() for line in diff.splitlines() if line.startswith("+++ b/")}
     assert set(variant["files"]) == in_diff
+
+
+def test_dspark_patch_patches_points_list_at_another_folder_of_patch_sets():
+    other = Path(__file__).resolve().parent / "data" / "patchsets"
+    res = run("list", "--json", env={"DSPARK_PATCH_PATCHES": str(other)})
+    assert res.returncode == 0, res.stderr
+    assert [p["id"] for p in res.json] == ["vllm-math-positive-divisor"]
+    res = run("list", "--json")
+    assert "dspark-skip-mtp-buffer" in [p["id"] for p in res.json]
+    assert "vllm-math-positive-divisor" not in [p["id"] for p in res.json]  # test-only: never shipped
