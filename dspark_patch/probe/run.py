@@ -11,7 +11,7 @@ import json
 from importlib import resources
 
 from ..errors import EnvironmentProblem
-from ..report.model import ProbeCase, ProbeReport
+from ..report.model import CensusEntry, ProbeCase, ProbeReport
 from ..targets.base import Distribution, Target
 
 PROBE_SCHEMA = "dspark-patch/probe/v1"
@@ -23,6 +23,15 @@ _PROBE_ENV = {"CUDA_VISIBLE_DEVICES": "", "PYTHONDONTWRITEBYTECODE": "1", "PYTHO
 
 def probe_source() -> str:
     return resources.files(__package__).joinpath("consumer_probe.py").read_text(encoding="utf-8")
+
+
+def _census_entry(e: dict) -> CensusEntry:
+    # A probe naming no census (another patch set's) reports none; a malformed entry is an
+    # unreadable verdict (KeyError/TypeError/ValueError, caught by the caller).
+    return CensusEntry(
+        file=str(e["file"]), line=int(e["line"]), function=str(e["function"]), symbol=str(e["symbol"]),
+        kind=str(e["kind"]), reached=bool(e["reached"]), none_safe=bool(e["none_safe"]), verdict=str(e["verdict"]),
+    )
 
 
 def run_probe(target: Target, dist: Distribution, *, timeout: float = PROBE_TIMEOUT_S) -> ProbeReport:
@@ -40,6 +49,7 @@ def run_probe(target: Target, dist: Distribution, *, timeout: float = PROBE_TIME
         if doc.get("schema") != PROBE_SCHEMA:
             raise ValueError(f"unexpected schema {doc.get('schema')!r}")
         cases = tuple(ProbeCase(name=str(c["name"]), ok=bool(c["ok"]), detail=str(c["detail"])) for c in doc["cases"])
+        census = tuple(_census_entry(e) for e in doc.get("census", ()))
     except (ValueError, KeyError, TypeError) as exc:
         return ProbeReport(
             ok=False, ran=True,
@@ -48,4 +58,4 @@ def run_probe(target: Target, dist: Distribution, *, timeout: float = PROBE_TIME
     ok = result.returncode == 0 and bool(cases) and all(c.ok for c in cases)
     failed = [c.name for c in cases if not c.ok]
     detail = "" if ok else (f"failing cases: {', '.join(failed)}" if failed else f"probe exited {result.returncode}")
-    return ProbeReport(ok=ok, ran=True, cases=cases, detail=detail)
+    return ProbeReport(ok=ok, ran=True, cases=cases, census=census, detail=detail)
