@@ -156,3 +156,17 @@ def test_probe_alone_kills_the_mutant_with_a_named_case(outcomes, name):
     assert must_fail <= set(failed), (name, sorted(failed))
     assert any(text in failed[c] for c in must_fail), (name, {c: failed[c] for c in must_fail})
     assert report["probe"]["ok"] is False and report["exit_code"] == 1
+
+
+def test_the_census_survives_the_saved_report_and_renders_as_a_table(outcomes, tmp_path):
+    from dspark_patch.report.audit_json import from_json_dict, to_json_dict
+    from dspark_patch.report.render import render_as
+
+    _code, report = outcomes["runner reads the accessor directly"]
+    read = from_json_dict(report)
+    assert to_json_dict(read)["probe"]["census"] == report["probe"]["census"]
+    bad = [e for e in read.probe.census if e.reached and not e.none_safe]
+    assert [(e.file, e.line) for e in bad] == [(RUNNER, 958)]
+    md = render_as(read, "md")
+    assert "#### Census: every reader the probe's claim rests on" in md
+    assert f"`{RUNNER}:958`" in md and "FAIL: unguarded reader on the DSpark V2 path" in md
