@@ -242,46 +242,6 @@ def _import_map(tree: ast.Module, rel: str) -> dict[str, tuple[str, str]]:
     return found
 
 
-def resolve_method(
-    sources: Sources, rel: str, cls_name: str, method: str, depth: int = 0
-) -> tuple[ast.FunctionDef, list[str]]:
-    """Find `method` on `cls_name` as Python would for single inheritance, following each
-    base into the installed file that defines it. Returns the def and the chain walked."""
-    if depth > 12:
-        raise Missing(f"base-class chain of {cls_name} is too deep to resolve")
-    tree = sources.module(rel)
-    cls = class_def(tree, cls_name)
-    if cls is None:
-        imported = _import_map(tree, rel).get(cls_name)
-        target = imported and sources.module_file(imported[0])
-        if not target:
-            raise Missing(f"class {cls_name} is not defined or imported in {rel}")
-        return resolve_method(sources, target, imported[1], method, depth + 1)
-    step = f"{cls_name} ({rel})"
-    found = method_def(cls, method)
-    if found is not None:
-        return found, [step]
-    imports = _import_map(tree, rel)
-    for base in cls.bases:
-        if not isinstance(base, ast.Name):
-            continue
-        if class_def(tree, base.id) is not None:
-            where, name = rel, base.id
-        elif base.id in imports:
-            module, name = imports[base.id]
-            where = sources.module_file(module)
-            if where is None:
-                continue  # a base outside site-packages (abc, torch): no vLLM method there
-        else:
-            continue
-        try:
-            fn, chain = resolve_method(sources, where, name, method, depth + 1)
-        except Missing:
-            continue
-        return fn, [step, *chain]
-    raise Missing(f"{cls_name}.{method} is not defined on {cls_name} or its bases ({rel})")
-
-
 # --- synthetic vLLM objects -----------------------------------------------------------
 class Obj:
     def __init__(self, **kw: object) -> None:
