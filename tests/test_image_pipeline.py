@@ -291,7 +291,7 @@ def test_an_image_whose_consumer_reads_the_residual_fails_the_probe_and_is_not_t
         images_before.add(client.images.get(broken).id)
         res = run("apply", "--image", broken, "--tag", tag, "--report-dir", str(tmp_path / "r"))
         line = res.assert_clean_error(1)
-        assert "probe" in line and "consumer-ordinary" in line
+        assert "probe" in line and "consumer: an eager step combines the aux states, never reads the residual" in line
         assert not image_exists(client, tag)
         assert {i.id for i in client.images.list(all=True)} == images_before  # nothing committed
         assert our_containers(client) == []  # the work container and its twin are gone

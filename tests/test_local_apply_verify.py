@@ -234,7 +234,7 @@ def test_a_failing_probe_restores_the_tree_sources_and_bytecode(vllm033_tree: Pa
     assert all(v != "absent" for v in before.values())  # pip compiled them: the restore must bring them back
     res = run("apply", "--root", str(vllm033_tree), "--python", PY, "--report-dir", str(tmp_path / "r"))
     line = res.assert_clean_error(1)
-    assert "probe" in line and "consumer-ordinary" in line
+    assert "probe" in line and "consumer: an eager step combines the aux states, never reads the residual" in line
     assert snapshot(vllm033_tree) == before
     audit = json.loads((tmp_path / "r" / "audit.json").read_text())
     assert audit["status"] == "failed" and audit["errors"][0]["kind"] == "probe-failed"

@@ -20,7 +20,7 @@ import json
 from pathlib import Path
 
 from ..errors import EnvironmentProblem
-from ..report.model import ProbeCase, ProbeReport
+from ..report.model import CensusEntry, ProbeCase, ProbeReport
 from ..targets.base import Distribution, Target
 
 PROBE_SCHEMA = "dspark-patch/probe/v1"
@@ -28,6 +28,15 @@ PROBE_TIMEOUT_S = 600.0
 
 # The probe must not see a GPU even where one exists: it checks source behaviour on CPU.
 _PROBE_ENV = {"CUDA_VISIBLE_DEVICES": "", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1"}
+
+
+def _census_entry(e: dict) -> CensusEntry:
+    # A probe naming no census (another patch set's) reports none; a malformed entry is an
+    # unreadable verdict (KeyError/TypeError/ValueError, caught by the caller).
+    return CensusEntry(
+        file=str(e["file"]), line=int(e["line"]), function=str(e["function"]), symbol=str(e["symbol"]),
+        kind=str(e["kind"]), reached=bool(e["reached"]), none_safe=bool(e["none_safe"]), verdict=str(e["verdict"]),
+    )
 
 
 def run_probe(target: Target, dist: Distribution, probe: Path, *, timeout: float = PROBE_TIMEOUT_S) -> ProbeReport:
@@ -49,6 +58,7 @@ def run_probe(target: Target, dist: Distribution, probe: Path, *, timeout: float
         if not isinstance(doc.get("ok"), bool):
             raise ValueError("no boolean 'ok'")
         cases = tuple(ProbeCase(name=str(c["name"]), ok=bool(c["ok"]), detail=str(c["detail"])) for c in doc["cases"])
+        census = tuple(_census_entry(e) for e in doc.get("census", ()))
     except (ValueError, KeyError, TypeError) as exc:
         return ProbeReport(
             ok=False, ran=True,
@@ -65,4 +75,4 @@ def run_probe(target: Target, dist: Distribution, probe: Path, *, timeout: float
         detail = f"the probe reported no cases (exit {result.returncode})"
     else:
         detail = f"probe exited {result.returncode} with every case passing; stderr: {stderr_tail[0]}"
-    return ProbeReport(ok=ok, ran=True, cases=cases, detail=detail)
+    return ProbeReport(ok=ok, ran=True, cases=cases, census=census, detail=detail)

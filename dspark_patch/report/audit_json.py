@@ -29,6 +29,7 @@ from dspark_patch.report.model import (
     LayerChange,
     LayerReport,
     PatchReport,
+    CensusEntry,
     ProbeCase,
     ProbeReport,
     Status,
@@ -94,6 +95,7 @@ def to_json_dict(report: AuditReport) -> dict[str, Any]:
             "ran": report.probe.ran,
             "cases": [asdict(c) for c in report.probe.cases],
             "detail": report.probe.detail,
+            "census": [asdict(e) for e in report.probe.census],
         },
         "integrity": None
         if report.integrity is None
@@ -271,6 +273,14 @@ def from_json_dict(d: dict[str, Any]) -> AuditReport:
                 ProbeCase(name=c.text("name"), ok=c.flag("ok"), detail=c.text("detail")) for c in probe.objs("cases")
             ),
             detail=probe.text("detail"),
+            census=tuple(
+                CensusEntry(
+                    file=e.text("file"), line=e.integer("line"), function=e.text("function"),
+                    symbol=e.text("symbol"), kind=e.text("kind"), reached=e.flag("reached"),
+                    none_safe=e.flag("none_safe"), verdict=e.text("verdict"),
+                )
+                for e in (probe.objs("census") if "census" in probe.data else [])
+            ),
         ),
         integrity=None
         if integ is None

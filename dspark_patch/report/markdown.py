@@ -156,6 +156,16 @@ def to_markdown(report: AuditReport) -> str:
         lines += ["| case | result | detail |", "|---|---|---|"]
         lines += [f"| {_code(pc.name)} | {_mark(pc.ok)} | {_cell(pc.detail)} |" for pc in pr.cases]
         lines.append("")
+        if pr.census:
+            lines += ["#### Census: every reader the probe's claim rests on", ""]
+            lines += ["| where | function | symbol | kind | DSpark V2 path | None-safe | verdict |",
+                      "|---|---|---|---|---|---|---|"]
+            lines += [
+                f"| {_code(f'{e.file}:{e.line}')} | {_code(e.function)} | {_code(e.symbol)} | {_cell(e.kind)} "
+                f"| {'reached' if e.reached else 'not reached'} | {_mark(e.none_safe)} | {_cell(e.verdict)} |"
+                for e in pr.census
+            ]
+            lines.append("")
 
     i = report.integrity
     if i is not None:

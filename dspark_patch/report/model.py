@@ -94,10 +94,26 @@ class ProbeCase:
 
 
 @dataclass(frozen=True, kw_only=True)
+class CensusEntry:
+    """One reference the probe found to the buffer, its accessor or the drafter helper."""
+
+    file: str
+    line: int
+    function: str
+    symbol: str
+    kind: str
+    reached: bool      # on the DSpark Model Runner V2 path
+    none_safe: bool    # guarded, passed on by an accessor, or through the helper's fallback
+    verdict: str
+
+
+@dataclass(frozen=True, kw_only=True)
 class ProbeReport:
     ok: bool
     ran: bool
     cases: tuple[ProbeCase, ...] = ()
+    # Every reader the probe's claim rests on (empty for a probe that reports none).
+    census: tuple[CensusEntry, ...] = ()
     detail: str = ""
 
 
