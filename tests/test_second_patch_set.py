@@ -26,7 +26,7 @@ PY = sys.executable
 SECOND = Path(__file__).resolve().parent / "data" / "patchsets" / "vllm-math-positive-divisor"
 MATH = "vllm/utils/math_utils.py"
 CASES = ["cdiv-positive-divisor", "round-up-positive-multiple"]
-DSPARK_CASE = "allocation-site"  # one of the DSpark probe's cases, never the second set's
+DSPARK_CASE = "census: no unguarded reader of _mtp_hidden_buffer on the DSpark V2 path"  # one of the DSpark probe's cases, never the second set's
 
 
 def sha(path: Path) -> str:
@@ -115,12 +115,12 @@ def test_a_patch_set_without_a_probe_skips_the_step_and_probe_refuses(no_probe_s
 
 
 def test_the_runner_keeps_to_the_contract_and_leaves_extra_keys_alone(vllm033_tree: Path, tmp_path: Path):
-    """A probe may add its own top-level keys (a census, say); one whose verdict disagrees with
+    """A probe may add its own top-level keys (notes of its own, say; `census` is read into the report); one whose verdict disagrees with
     its exit code, or that prints no verdict, fails rather than passing."""
     folder = tmp_path / SECOND.name
     shutil.copytree(SECOND, folder)
     verdicts = {
-        "extra-keys": ('{"schema": "dspark-patch/probe/v1", "ok": true, "census": [{"file": "x"}], '
+        "extra-keys": ('{"schema": "dspark-patch/probe/v1", "ok": true, "notes": [{"file": "x"}], '
                        '"cases": [{"name": "c", "ok": true, "detail": "fine"}]}', 0, 0),
         "ok-but-exit-1": ('{"schema": "dspark-patch/probe/v1", "ok": true, '
                           '"cases": [{"name": "c", "ok": true, "detail": "fine"}]}', 1, 1),
