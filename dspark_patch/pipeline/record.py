@@ -86,7 +86,7 @@ class RunRecord:
             integrity=self.integrity,
             layer=self.layer,
             result_image=self.result_image,
-            labels=self.labels,
+            labels=dict(self.labels),
             steps=tuple(self.steps),
             errors=errors,
             notes=tuple(self.notes),
