@@ -47,9 +47,7 @@ class RankFigures:
     # the V2 runner's profiling capture also logs "Graph capturing finished ..., took X GiB"
     # before the KV line, the real capture logs it again after.
     graph_estimate_gib: float | None = None
-    graph_profile_gib: float | None = None    # a capture line before this rank's KV line
-    graph_capture_gib: float | None = None    # the capture line after it: the final graphs
-    graph_pool_gib: float | None = None       # "CUDA graph pool memory: X GiB (actual), ..."
+    graph_capture_gib: float | None = None    # the capture line after the KV line: the final graphs
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,8 +56,6 @@ class EngineFigures:
 
     engine: str                          # "DP0", "DP1"
     tokens: int | None = None            # "GPU KV cache size: N tokens"
-    max_model_len: int | None = None     # from "Maximum concurrency for N tokens per request"
-    max_concurrency: float | None = None
 
 
 LineFormat = Literal["merged", "separate"]

@@ -1,6 +1,6 @@
 """The flag-off / flag-on pair: one image, started twice, differing only in the flag.
 
-The rules of the evaluation (docs/evaluation-commands.md) are enforced here, before anything
+The rules of the evaluation (docs/dspark-mtp-buffer.md) are enforced here, before anything
 starts: the same image id for both runs; the same arguments and environment; no other
 experiment flags. The flag is set explicitly in both runs ("0", then "1") rather than unset in
 the first, so an image whose own config sets it cannot turn the "off" run on; vLLM's patched
