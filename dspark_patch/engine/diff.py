@@ -9,18 +9,14 @@ from __future__ import annotations
 
 import hashlib
 import re
-from bisect import bisect_left
 from dataclasses import dataclass
 from collections.abc import Callable
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar, cast
 
-from unidiff import PatchSet
-from unidiff.patch import Hunk as _UnidiffHunk
-from unidiff.constants import DEV_NULL, RE_HUNK_HEADER, RE_TARGET_FILENAME
-from unidiff.errors import UnidiffParseError
+from unidiff import Hunk as UnidiffHunk
+from unidiff import PatchedFile, PatchSet, UnidiffParseError
 
 from dspark_patch.errors import MalformedPatch, UnsafePatch
-from .gcpause import gc_paused
 
 LineKind = Literal[" ", "-", "+"]
 FileAction = Literal["modify", "add", "delete"]
@@ -38,6 +34,7 @@ _REFUSED_INFO = {
     "copy from ": "a copy",
     "copy to ": "a copy",
 }
+_DEV_NULL = "/dev/null"  # the path diff gives the missing side of an added or deleted file
 _SYMLINK_MODE = "120000"
 _SUBMODULE_MODE = "160000"
 _PLAIN_FILE_MODE = "100644"
@@ -129,7 +126,6 @@ class Diff:
     sha256: str  # of the raw diff bytes
 
 
-@gc_paused()
 def parse_diff(data: bytes, *, strip: int = 1) -> Diff:
     """Parse a unified diff (plain `diff -u` or git) into files and hunks; refuse what we cannot apply.
 
@@ -155,18 +151,14 @@ def parse_diff(data: bytes, *, strip: int = 1) -> Diff:
             f"{binary.group(0).decode(_ENCODING, 'backslashreplace').strip()!r})",
             hint="only text changes can be applied at zero fuzz; remove the binary part",
         )
-    text = data.decode(_ENCODING, _ERRORS)
-    patchset = _unidiff(text, metadata_only=True)
+    patchset = _unidiff(data)
     if not patchset:
         raise MalformedPatch(
             "no file changes found in the input",
             hint="pass a unified diff with ---/+++ headers and @@ hunks",
         )
-    bodies = _cut_bodies(data, patchset)
-    if bodies is None:  # our cut disagrees with unidiff's reading: take its full parse instead
-        patchset = _unidiff(text, metadata_only=False)
-        bodies = [[_unidiff_body(hunk) for hunk in patched] for patched in patchset]
-    files = tuple(_file_patch(patched, strip, body) for patched, body in zip(patchset, bodies))
+    interned: _Interned = {" ": {}, "-": {}, "+": {}}
+    files = tuple(_file_patch(patched, strip, interned) for patched in patchset)
     seen: set[str] = set()
     for file in files:
         if file.path in seen:
@@ -175,10 +167,10 @@ def parse_diff(data: bytes, *, strip: int = 1) -> Diff:
     return Diff(files=files, sha256=hashlib.sha256(data).hexdigest())
 
 
-def _file_patch(patched, strip: int, bodies: list[_Body]) -> FilePatch:
+def _file_patch(patched: PatchedFile, strip: int, interned: _Interned) -> FilePatch:
     source_raw = _unquote(patched.source_file or "")
     target_raw = _unquote(patched.target_file or "")
-    shown = target_raw if target_raw != DEV_NULL else source_raw
+    shown = target_raw if target_raw != _DEV_NULL else source_raw
 
     if patched.is_binary_file:
         raise UnsafePatch(f"{shown}: binary change", hint="only text changes can be applied; remove this file from the diff")
@@ -190,25 +182,25 @@ def _file_patch(patched, strip: int, bodies: list[_Body]) -> FilePatch:
     if len(patched) == 0:
         raise MalformedPatch(f"{shown}: no hunks for this file", hint="every file in the diff needs at least one @@ hunk")
 
-    hunks = tuple(_hunk(h, body, i, shown) for i, (h, body) in enumerate(zip(patched, bodies), start=1))
+    hunks = tuple(_hunk(h, i, shown, interned) for i, h in enumerate(patched, start=1))
 
-    if source_raw == DEV_NULL and target_raw == DEV_NULL:
+    if source_raw == _DEV_NULL and target_raw == _DEV_NULL:
         raise MalformedPatch(f"{shown}: both sides of the diff are /dev/null")
     only = hunks[0] if len(hunks) == 1 else None
-    adds = source_raw == DEV_NULL or (only is not None and only.source_start == 0 and only.source_length == 0)
-    deletes = target_raw == DEV_NULL or (only is not None and only.target_start == 0 and only.target_length == 0)
+    adds = source_raw == _DEV_NULL or (only is not None and only.source_start == 0 and only.source_length == 0)
+    deletes = target_raw == _DEV_NULL or (only is not None and only.target_start == 0 and only.target_length == 0)
     if adds and deletes:
         raise MalformedPatch(f"{shown}: the diff both adds and deletes this file")
 
     if adds:
         path = _strip(target_raw, strip)
-        if source_raw != DEV_NULL and _strip(source_raw, strip) != path:
+        if source_raw != _DEV_NULL and _strip(source_raw, strip) != path:
             raise UnsafePatch(f"{shown}: source and target paths differ (a rename)", hint="renames are not applied")
         action: FileAction = "add"
         _check_whole_file(hunks, path, kind="+", what="add")
     elif deletes:
         path = _strip(source_raw, strip)
-        if target_raw != DEV_NULL and _strip(target_raw, strip) != path:
+        if target_raw != _DEV_NULL and _strip(target_raw, strip) != path:
             raise UnsafePatch(f"{shown}: source and target paths differ (a rename)", hint="renames are not applied")
         action = "delete"
         _check_whole_file(hunks, path, kind="-", what="delete")
@@ -224,7 +216,7 @@ def _file_patch(patched, strip: int, bodies: list[_Body]) -> FilePatch:
     return FilePatch(path=path, action=action, hunks=hunks)
 
 
-def _check_modes(patched, shown: str) -> None:
+def _check_modes(patched: PatchedFile, shown: str) -> None:
     modes = {m for m in (patched.source_mode, patched.target_mode) if m}
     if _SYMLINK_MODE in modes:
         raise UnsafePatch(f"{shown}: the diff changes a symbolic link (mode 120000)", hint="symlinks are not patched")
@@ -247,197 +239,46 @@ def _check_whole_file(hunks: tuple[Hunk, ...], path: str, *, kind: str, what: st
         raise MalformedPatch(f"{path}: the diff would {what} this file but its hunks are not one whole-file hunk")
 
 
-def _unidiff(text: str, *, metadata_only: bool) -> PatchSet:
+# Equal diff lines share one HunkLine (it is immutable): a release diff repeats many lines.
+# Keyed by kind, then by the line's text as unidiff gives it (its `Line.value`).
+_Interned = dict[str, dict[str, HunkLine]]
+
+
+def _hunk_line(kind: LineKind, value: str) -> HunkLine:
+    text = value.encode(_ENCODING, _ERRORS)
+    # Only the diff's very last line can lack its newline (an editor ate it);
+    # an intended missing newline is always spelled with the marker.
+    return HunkLine(kind=kind, text=text if text[-1:] == b"\n" else text + b"\n")
+
+
+def _unidiff(data: bytes) -> PatchSet:
     try:
-        return PatchSet.from_string(text, metadata_only=metadata_only)
+        return PatchSet.from_string(data, encoding=_ENCODING, errors=_ERRORS)
     except UnidiffParseError as exc:
         raise MalformedPatch(f"the diff cannot be parsed: {exc}", hint="check the hunk headers and line counts") from exc
     except Exception as exc:  # noqa: BLE001 - untrusted input: any parser failure is bad input, not our bug
         raise MalformedPatch(f"the diff cannot be parsed: {type(exc).__name__}: {exc}") from exc
 
 
-# A hunk's lines as cut from the diff, before the "\ No newline" markers are applied:
-# HunkLines, None where a marker stood, and how many markers there are.
-_Body = tuple[list[HunkLine | None], int]
-
-_KIND: dict[bytes, LineKind] = {b" ": " ", b"-": "-", b"+": "+"}
-_BODY_START = {b" ", b"-", b"+", b"", b"\r"}  # how a hunk line can begin, markers apart
-_NO_NEWLINE = b"\\ No newline at end of file"  # unidiff's RE_NO_NEWLINE_MARKER, as bytes
-_BARE_ENDING = re.compile(rb"[\r\n]{1,2}")  # unidiff's RE_HUNK_EMPTY_BODY_LINE value, as bytes
-
-
-def _cut_bodies(data: bytes, patchset: PatchSet) -> list[list[_Body]] | None:
-    """Every hunk's lines, cut from the raw bytes where unidiff (metadata only) found the hunks.
-
-    unidiff's full parse makes an object per diff line and we then re-encode each one: most of
-    the time of a release-sized diff. Its metadata-only parse checks the same grammar (the same
-    errors for the same input), so we take the structure from it and the line bytes from the
-    diff. Lines split on b"\n" exactly as unidiff's split on "\n" of the decoded text, and
-    utf-8 with surrogateescape gives back the original bytes, so the texts are the same.
-    Returns None if our cut disagrees with unidiff anywhere (the caller then uses its full parse).
-    """
-    lines = data.split(b"\n")
-    if not lines[-1]:
-        lines.pop()  # the diff ends with a newline: nothing follows it
-    n = len(lines)
-    # Body lines start with " ", "-", "+", "\\" or a line ending, so once unidiff has accepted
-    # the diff, the lines that read as hunk headers are exactly its hunks' headers, in order.
-    headers = []
-    for at in _line_numbers(data, b"@@ -"):
-        match = RE_HUNK_HEADER.match(lines[at].decode(_ENCODING, _ERRORS))
-        if match:
-            headers.append((at, match))
-    if len(headers) != sum(len(patched) for patched in patchset):
-        return None
-    markers = _line_numbers(data, b"\\")
-    # One HunkLine per distinct line that could be a hunk line (a line's bytes decide its
-    # HunkLine, which is immutable, so equal lines share one); then each hunk is a lookup.
-    # A few header lines ("--- a/...") get one they never use; that costs less than sorting.
-    cache = {line: _entry(line) for line in set(lines) if line[:1] in _BODY_START}
-    entry = cache.__getitem__
-    bodies = []
-    position = iter(headers)
-    for patched in patchset:
-        file_bodies = []
-        for hunk in patched:
-            at, match = next(position)
-            if _UnidiffHunk(*match.groups()).__dict__ != {**hunk.__dict__, "_added": None, "_removed": None}:
-                return None
-            start = at + 1
-            # Each line that is not a marker counts once toward the header's lengths, and
-            # unidiff stops at the line that completes both: without a marker among them, the
-            # body is exactly the next (context + removed + added) lines. (An empty hunk still
-            # takes one line, which only a marker can be: the line-by-line cut handles it.)
-            end = start + hunk.source_length + hunk.added
-            if end > n:
-                return None
-            if end == start or bisect_left(markers, start) < bisect_left(markers, end):
-                body = _cut(lines, start, n, hunk, patched.target_file, cache)
-            else:
-                try:
-                    entries: list[HunkLine | None] = list(map(entry, lines[start:end]))
-                except KeyError:  # a line no hunk line can be: not what unidiff accepted
-                    return None
-                body = _follow(lines, end, n, entries, 0, patched.target_file)
-            if body is None:
-                return None
-            file_bodies.append(body)
-        bodies.append(file_bodies)
-    return bodies
-
-
-def _line_numbers(data: bytes, start: bytes) -> list[int]:
-    """0-based numbers of the lines that begin with `start`, in order."""
-    # bytes.find rather than a multiline regex: "^" makes re try every position of the diff.
-    numbers = [0] if data.startswith(start) else []
-    line = 0
-    offset = data.find(b"\n" + start)
-    previous = 0
-    while offset >= 0:
-        line += data.count(b"\n", previous, offset + 1)
-        previous = offset + 1
-        numbers.append(line)
-        offset = data.find(b"\n" + start, previous)
-    return numbers
-
-
-def _entry(line: bytes) -> HunkLine:
-    """The HunkLine of a context, removed or added diff line (split off its newline)."""
-    kind = line[:1]
-    if kind == b"" or kind == b"\r":
-        # A bare line ending is an empty context line; unidiff keeps only its first one or two \r/\n.
-        text = _BARE_ENDING.match(line + b"\n").group()
-        return HunkLine(kind=" ", text=text if text.endswith(b"\n") else text + b"\n")
-    # Only the diff's very last line can lack its newline (an editor ate it);
-    # an intended missing newline is always spelled with the marker.
-    return HunkLine(kind=_KIND[kind], text=line[1:] + b"\n")
-
-
-def _cut(lines: list[bytes], i: int, n: int, hunk, target: str, cache: dict[bytes, HunkLine]) -> _Body | None:
-    """One hunk's lines from line index i, counted off the header line by line as unidiff does."""
-    source_left, target_left = hunk.source_length, hunk.target_length
-    added = removed = markers = 0
-    entries: list[HunkLine | None] = []
-    while i < n:
-        line = lines[i]
-        i += 1
-        kind = line[:1]
-        if kind == b" " or kind == b"" or kind == b"\r":
-            source_left -= 1
-            target_left -= 1
-        elif kind == b"-":
-            source_left -= 1
-            removed += 1
-        elif kind == b"+":
-            target_left -= 1
-            added += 1
-        elif kind == b"\\":
-            entries.append(None)
-            markers += 1
-            if source_left == 0 and target_left == 0:
-                break
-            continue
-        else:
-            return None
-        if source_left < 0 or target_left < 0:
-            return None
-        entries.append(cache[line])
-        if source_left == 0 and target_left == 0:
-            break
-    if source_left or target_left or added != hunk.added or removed != hunk.removed:
-        return None
-    return _follow(lines, i, n, entries, markers, target)
-
-
-def _follow(lines: list[bytes], i: int, n: int, entries: list[HunkLine | None], markers: int, target: str) -> _Body | None:
-    """After its body, unidiff gives a hunk the markers and blank separator lines that follow
-    (also past a repeated "+++" header of the same file, which it skips)."""
-    while i < n:
-        line = lines[i]
-        if line.startswith(_NO_NEWLINE):
-            entries.append(None)
-            markers += 1
-        elif line.startswith(b"+++ "):
-            match = RE_TARGET_FILENAME.match(line.decode(_ENCODING, _ERRORS))
-            if match is None or match.group("filename") != target:
-                return None
-        elif line:
-            break
-        i += 1
-    return entries, markers
-
-
-def _unidiff_body(hunk) -> _Body:
-    """A hunk's lines from unidiff's full parse (the fallback when our cut disagrees with it)."""
-    entries: list[HunkLine | None] = []
-    markers = 0
+def _hunk(hunk: UnidiffHunk, index: int, shown: str, interned: _Interned) -> Hunk:
+    lines: list[HunkLine] = []
     for line in hunk:
         kind = line.line_type
-        if kind == " " or kind == "-" or kind == "+":
-            text = line.value.encode(_ENCODING, _ERRORS)
-            entries.append(HunkLine(kind=kind, text=text if text[-1:] == b"\n" else text + b"\n"))
+        same_kind = interned.get(kind)
+        if same_kind is not None:  # a context, removed or added line
+            value = line.value
+            entry = same_kind.get(value)
+            if entry is None:
+                entry = same_kind[value] = _hunk_line(cast(LineKind, kind), value)
+            lines.append(entry)
         elif kind == "\\":
-            entries.append(None)
-            markers += 1
-        # "" is a blank separator unidiff keeps after a hunk: not part of the file.
-    return entries, markers
-
-
-def _hunk(hunk, body: _Body, index: int, shown: str) -> Hunk:
-    entries, markers = body
-    if markers:
-        lines: list[HunkLine] = []
-        for entry in entries:
-            if entry is not None:
-                lines.append(entry)
-                continue
             # "\ No newline at end of file" refers to the line before it; a context line lacks
             # its newline on both sides, so stripping it here serves source and target alike.
             if not lines or not lines[-1].text.endswith(b"\n"):
                 raise MalformedPatch(f"{shown}: hunk #{index} has a stray '\\ No newline at end of file' marker")
             last = lines[-1]
             lines[-1] = HunkLine(kind=last.kind, text=last.text[:-1])
-        entries = lines
+        # "" is a blank separator line unidiff keeps after a hunk: not part of the file.
     return Hunk(
         index=index,
         source_start=hunk.source_start,
@@ -445,7 +286,7 @@ def _hunk(hunk, body: _Body, index: int, shown: str) -> Hunk:
         target_start=hunk.target_start,
         target_length=hunk.target_length,
         section=hunk.section_header.rstrip("\r\n"),
-        lines=tuple(entries),
+        lines=tuple(lines),
     )
 
 

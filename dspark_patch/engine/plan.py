@@ -22,7 +22,6 @@ from dspark_patch.engine.place import (
     split_lines,
 )
 from dspark_patch.errors import HunkDoesNotApply, PartlyApplied
-from .gcpause import gc_paused
 
 PlanStatus = Literal["apply", "already-applied"]
 _Direction = Literal["forward", "reverse"]
@@ -52,7 +51,6 @@ class _FileOutcome:
     plan: FilePlan
 
 
-@gc_paused()
 def plan_patch(diff: Diff, read: Callable[[str], bytes | None]) -> PatchPlan:
     """Plan the whole diff against the files `read(path)` returns (None: the file does not exist).
 

@@ -109,9 +109,3 @@ def read_model_config(path: Path) -> ModelGeometry:
         dtype=normalize_dtype(dtype) if isinstance(dtype, str) else None,
     )
 
-
-def kv_bytes_per_token(kv_gib: float, tokens: int) -> int:
-    """One rank's KV bytes per token as two log figures imply them (GiB is rounded to 0.01)."""
-    if tokens <= 0:
-        raise BadInput(f"KV token count must be positive, got {tokens}")
-    return max(1, round(kv_gib * GIB / tokens))

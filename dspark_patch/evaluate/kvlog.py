@@ -50,7 +50,6 @@ _CAPACITY_MERGED = re.compile(
     r" request:\s*" + _NUM + "x"
 )
 _CAPACITY_TOKENS = re.compile(r"KV cache size:\s*([\d,]+)\s+tokens")
-_CONCURRENCY = re.compile(r"Maximum concurrency for\s+([\d,]+)\s+tokens per request:\s*" + _NUM + "x")
 _GRAPH_ESTIMATE = re.compile(r"Estimated CUDA graph memory:\s*" + _NUM + r"\s*GiB total")
 _GRAPH_CAPTURE = re.compile(r"Graph capturing finished in\s+\d+\s+secs?,\s*took\s+" + _NUM + r"\s*GiB")
 _GRAPH_POOL = re.compile(
@@ -62,12 +61,6 @@ _OMITTED_MIB = re.compile(_NUM + r"\s*MiB")
 _UNKNOWN_FLAG = re.compile(r"Unknown vLLM environment variable detected:\s*" + FLAG + r"\b")
 # The server is up: launchers/launcher.py:188, launchers/api_server/entry.py:139, uvicorn.
 _READY = re.compile(r"Available routes are:|Starting vLLM server on|Application startup complete")
-
-_RANK_FIELDS = (
-    "kv_gib", "omitted_mib", "graph_estimate_gib", "graph_profile_gib", "graph_capture_gib",
-    "graph_pool_gib",
-)
-
 
 def process_of(line: str) -> tuple[str, str]:
     """(rank label, engine label) of the process that wrote `line`.
@@ -92,7 +85,7 @@ def process_of(line: str) -> tuple[str, str]:
 def parse_server_log(text: str, *, source: str) -> ServerLog:
     """Every KV-relevant figure of one server log, per rank and per engine."""
     ranks: dict[str, dict[str, float]] = {}
-    engines: dict[str, dict[str, float | int]] = {}
+    engines: dict[str, dict[str, int]] = {}
     conflicts: list[str] = []
     capacity_format: LineFormat | None = None
     unknown_flag = ready = False
@@ -115,25 +108,17 @@ def parse_server_log(text: str, *, source: str) -> ServerLog:
         if m := _CAPACITY_MERGED.search(line):
             capacity_format = "merged"
             put(engines, engine, "tokens", _int(m.group(1)), "'KV cache size'")
-            put(engines, engine, "max_model_len", _int(m.group(2)), "'Maximum concurrency'")
-            put(engines, engine, "max_concurrency", float(m.group(3)), "'Maximum concurrency'")
-        else:
-            if m := _CAPACITY_TOKENS.search(line):
-                capacity_format = capacity_format or "separate"
-                put(engines, engine, "tokens", _int(m.group(1)), "'KV cache size'")
-            if m := _CONCURRENCY.search(line):
-                put(engines, engine, "max_model_len", _int(m.group(1)), "'Maximum concurrency'")
-                put(engines, engine, "max_concurrency", float(m.group(2)), "'Maximum concurrency'")
+        elif m := _CAPACITY_TOKENS.search(line):
+            capacity_format = capacity_format or "separate"
+            put(engines, engine, "tokens", _int(m.group(1)), "'KV cache size'")
         # Graph figures are information, not evidence: the latest line of each kind wins.
         if m := _GRAPH_ESTIMATE.search(line):
             ranks.setdefault(rank, {})["graph_estimate_gib"] = float(m.group(1))
-        if m := _GRAPH_CAPTURE.search(line):
-            slot = ranks.setdefault(rank, {})
-            slot["graph_capture_gib" if "kv_gib" in slot else "graph_profile_gib"] = float(m.group(1))
+        # A capture line before the rank's KV line is the V2 runner's profiling capture.
+        if (m := _GRAPH_CAPTURE.search(line)) and "kv_gib" in ranks.get(rank, {}):
+            ranks[rank]["graph_capture_gib"] = float(m.group(1))
         if m := _GRAPH_POOL.search(line):
-            slot = ranks.setdefault(rank, {})
-            slot["graph_pool_gib"] = float(m.group(1))
-            slot["graph_estimate_gib"] = float(m.group(2))
+            ranks.setdefault(rank, {})["graph_estimate_gib"] = float(m.group(2))
         if FLAG in line:
             if _UNKNOWN_FLAG.search(line):
                 unknown_flag = True
@@ -145,11 +130,11 @@ def parse_server_log(text: str, *, source: str) -> ServerLog:
     return ServerLog(
         source=source,
         ranks=tuple(
-            RankFigures(rank=key, **{k: v for k, v in values.items() if k in _RANK_FIELDS})
+            RankFigures(rank=key, **values)
             for key, values in sorted(ranks.items(), key=lambda kv: rank_order(kv[0]))
         ),
         engines=tuple(
-            EngineFigures(engine=key, **values)  # type: ignore[arg-type]
+            EngineFigures(engine=key, **values)
             for key, values in sorted(engines.items(), key=lambda kv: rank_order(kv[0]))
         ),
         capacity_format=capacity_format,

@@ -1,15 +1,14 @@
 """Frozen results of the evaluation commands: `estimate`, `kv-compare` and `evaluate`.
 
-Each result is built once and rendered by the CLI; `as_dict` gives the JSON document (tuples
-become lists, nested dataclasses become objects). Every document carries a `schema` string so a
+Each result is built once and rendered by the CLI; its JSON document is the dataclass through
+the shared encoder (`dspark_patch.serialise`). Every document carries a `schema` string so a
 reader can tell the shapes apart and notice a change of shape.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 ESTIMATE_SCHEMA = "dspark-patch/estimate/v1"
 KV_COMPARE_SCHEMA = "dspark-patch/kv-compare/v1"
@@ -48,9 +47,7 @@ class RankFigures:
     # the V2 runner's profiling capture also logs "Graph capturing finished ..., took X GiB"
     # before the KV line, the real capture logs it again after.
     graph_estimate_gib: float | None = None
-    graph_profile_gib: float | None = None    # a capture line before this rank's KV line
-    graph_capture_gib: float | None = None    # the capture line after it: the final graphs
-    graph_pool_gib: float | None = None       # "CUDA graph pool memory: X GiB (actual), ..."
+    graph_capture_gib: float | None = None    # the capture line after the KV line: the final graphs
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,8 +56,6 @@ class EngineFigures:
 
     engine: str                          # "DP0", "DP1"
     tokens: int | None = None            # "GPU KV cache size: N tokens"
-    max_model_len: int | None = None     # from "Maximum concurrency for N tokens per request"
-    max_concurrency: float | None = None
 
 
 LineFormat = Literal["merged", "separate"]
@@ -162,16 +157,3 @@ class EvaluationResult:
     @property
     def passed(self) -> bool:
         return self.verdict == "pass"
-
-
-def as_dict(result: Any) -> dict[str, Any]:
-    """The JSON document of a result: plain dicts, lists, numbers and strings."""
-    return _plain(dataclasses.asdict(result))
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value

@@ -1,6 +1,6 @@
 """The flag-off / flag-on pair: one image, started twice, differing only in the flag.
 
-The rules of the evaluation (docs/evaluation-commands.md) are enforced here, before anything
+The rules of the evaluation (docs/dspark-mtp-buffer.md) are enforced here, before anything
 starts: the same image id for both runs; the same arguments and environment; no other
 experiment flags. The flag is set explicitly in both runs ("0", then "1") rather than unset in
 the first, so an image whose own config sets it cannot turn the "off" run on; vLLM's patched
@@ -12,7 +12,6 @@ module never touches Docker itself.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -20,7 +19,8 @@ from typing import Any, Protocol
 from ..errors import BadInput
 from .compare import DEFAULT_TOLERANCE_GIB, compare_logs
 from .kvlog import FLAG, parse_server_log
-from .model import EvaluationResult, FlagState, ServerRunRecord, as_dict
+from ..serialise import dumps
+from .model import EvaluationResult, FlagState, ServerRunRecord
 
 FLAG_VALUES: dict[FlagState, str] = {"off": "0", "on": "1"}
 EXPERIMENT_PREFIX = "VLLM_PCAI_"
@@ -198,5 +198,5 @@ def evaluate_image(
         verdict="fail" if reasons else "pass", reasons=tuple(reasons),
         notes=(*notes, *comparison.notes),
     )
-    report_file.write_text(json.dumps(as_dict(result), indent=2) + "\n", encoding="utf-8")
+    report_file.write_text(dumps(result), encoding="utf-8")
     return result

@@ -44,24 +44,24 @@ from .steps import (
 
 
 def apply(request: ApplyRequest, *, on_step: StepCallback | None = None) -> AuditReport:
-    run = RunRecord(command="apply", target=target_report(request.target), on_step=on_step)
+    run = RunRecord.start("apply", target_report(request.target), on_step)
     return _run(run, request.target, lambda target: _apply(request, target, run))
 
 
 def verify(request: VerifyRequest, *, on_step: StepCallback | None = None) -> AuditReport:
-    run = RunRecord(command="verify", target=target_report(request.target), on_step=on_step)
+    run = RunRecord.start("verify", target_report(request.target), on_step)
     return _run(run, request.target, lambda target: _verify(request, target, run))
 
 
 def probe(request: ProbeRequest, *, on_step: StepCallback | None = None) -> AuditReport:
-    run = RunRecord(command="probe", target=target_report(request.target), on_step=on_step)
+    run = RunRecord.start("probe", target_report(request.target), on_step)
 
     def steps(target: Target) -> AuditReport:
         with run.step("load patch"):
             patchset = resolve(request.patch)
         with run.step("locate"):
             dist = target.locate(patchset.distribution)
-        run.target = with_distribution(run.target, dist)
+        run.update(target=with_distribution(run.draft.target, dist))
         if patchset.probe is None:
             run.skipped("probe", "this patch set has no probe")
             which = f"patch set {patchset.id}" if patchset.id else f"the bare diff {patchset.source.name}"
@@ -96,7 +96,7 @@ def _open(spec: TargetSpec, run: RunRecord, stack: ExitStack) -> Target:
         from ..targets.image import ImageTarget
 
         target = stack.enter_context(ImageTarget(spec.ref))
-        run.target = replace(run.target, image=ImageRef(ref=spec.ref, id=target.info.id or ""))
+        run.update(target=replace(run.draft.target, image=ImageRef(ref=spec.ref, id=target.info.id or "")))
         return target
 
 
@@ -106,7 +106,7 @@ def _apply(request: ApplyRequest, target: Target, run: RunRecord) -> AuditReport
         target.refuse_existing_tag(request.target.tag, force=request.target.force)  # type: ignore[attr-defined]
     reader = CachingReader(target)
     hash_checks = not patchset.is_bare and not request.allow_unknown_base
-    run.patch = replace(run.patch, hash_checks=hash_checks)  # type: ignore[arg-type]
+    run.update(patch=replace(run.draft.patch, hash_checks=hash_checks))  # type: ignore[arg-type]
     if request.allow_unknown_base and not patchset.is_bare:
         run.notes.append("--allow-unknown-base: pre-image hashes not enforced; relying on zero-fuzz placement alone")
 
@@ -114,7 +114,7 @@ def _apply(request: ApplyRequest, target: Target, run: RunRecord) -> AuditReport
         if hash_checks:  # before placing hunks: "not the reviewed file" is the clearer message
             check_known_images(diff, variant, dist, reader)
         plan = plan_patch(diff, reader)
-        run.files = file_reports(plan, variant)
+        run.update(files=file_reports(plan, variant))
         if not patchset.is_bare:
             check_post_images(plan, variant, enforce=hash_checks or plan.status == "already-applied")
 
@@ -127,7 +127,7 @@ def _apply(request: ApplyRequest, target: Target, run: RunRecord) -> AuditReport
             # image that already carries the patch, so a following verify/push finds it.
             with run.step("tag"):
                 tagged = target.tag_source(request.target.tag, force=request.target.force)  # type: ignore[attr-defined]
-            run.result_image = ImageRef(ref=tagged.ref, id=tagged.id)
+            run.update(result_image=ImageRef(ref=tagged.ref, id=tagged.id))
             run.notes.append(f"tagged the source image as {tagged.ref}; no new layer")
         return run.report("already-applied")
     if request.dry_run:
@@ -181,14 +181,15 @@ def _verify(request: VerifyRequest, target: Target, run: RunRecord) -> AuditRepo
             expected = variant.files.get(fp.path)
             expected_post = expected.post_sha256 if expected else None
             expected_pre = expected.pre_sha256 if expected else None
-            run.files += (FileReport(path=fp.path, action=fp.action, pre_sha256=None, post_sha256=current_sha,
-                                     expected_pre_sha256=expected_pre, expected_post_sha256=expected_post),)
+            found = FileReport(path=fp.path, action=fp.action, pre_sha256=None, post_sha256=current_sha,
+                               expected_pre_sha256=expected_pre, expected_post_sha256=expected_post)
+            run.update(files=(*run.draft.files, found))
         if patchset.is_bare:
             plan = plan_or_none(diff, reader)
             if plan is None or plan.status != "already-applied":
                 problems.append("the diff is not applied to this tree")
         else:
-            for fr in run.files:
+            for fr in run.draft.files:
                 if fr.post_sha256 == fr.expected_post_sha256:
                     continue
                 state = "unpatched (it is the pre-image)" if fr.post_sha256 == fr.expected_pre_sha256 and fr.post_sha256 else (
@@ -196,8 +197,8 @@ def _verify(request: VerifyRequest, target: Target, run: RunRecord) -> AuditRepo
                 problems.append(f"{fr.path} is {state}")
 
     with run.step("integrity"):
-        run.integrity = check_integrity(target, dist, diff)
-        i = run.integrity
+        i = check_integrity(target, dist, diff)
+        run.update(integrity=i)
         problems += [f"{p}: does not match RECORD" for p in i.mismatched]
         problems += [f"{p}: missing (listed in RECORD)" for p in i.missing]
         problems += list(i.stale_bytecode)
@@ -217,7 +218,7 @@ def _verify(request: VerifyRequest, target: Target, run: RunRecord) -> AuditRepo
     if problems:
         more = f" (and {len(problems) - 3} more; see the report)" if len(problems) > 3 else ""
         raise VerifyMismatch(
-            f"{run.target.ref} does not carry exactly {patch_name(patchset, variant)}: " + "; ".join(problems[:3]) + more,
+            f"{run.draft.target.ref} does not carry exactly {patch_name(patchset, variant)}: " + "; ".join(problems[:3]) + more,
             hint="apply the patch to a pristine release, or rebuild the image",
         )
     return run.report("verified")

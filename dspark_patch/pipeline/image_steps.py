@@ -8,7 +8,6 @@ import json
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
-from dataclasses import replace
 from pathlib import Path
 
 from .. import __version__
@@ -58,7 +57,7 @@ def await_probe(pending: Future, run: RunRecord) -> None:
     except DsparkPatchError as exc:
         run.record(StepReport(name="probe", status="failed", seconds=time.monotonic() - start, detail=exc.line()))
         raise
-    run.probe = report
+    run.update(probe=report)
     waited = time.monotonic() - start
     detail = f"in a twin container; {waited:.2f}s of it not overlapped with the layer scan"
     run.record(StepReport(name="probe", status="ok" if report.ok else "failed", seconds=seconds, detail=detail))
@@ -71,7 +70,7 @@ def check_layer(target: Target, dist: Distribution, plan: PatchPlan, run: RunRec
         changes = tuple(LayerChange(kind=k, path=p) for k, p in target.changes())  # type: ignore[attr-defined]
         expected = expected_layer(plan, dist)
         unexpected = tuple(c for c in changes if c.path not in expected)
-        run.layer = LayerReport(ok=not unexpected, changes=changes, unexpected=unexpected)
+        run.update(layer=LayerReport(ok=not unexpected, changes=changes, unexpected=unexpected))
         if unexpected:
             shown = ", ".join(f"{c.kind} {c.path}" for c in unexpected[:5])
             raise LayerMismatch(
@@ -82,15 +81,15 @@ def check_layer(target: Target, dist: Distribution, plan: PatchPlan, run: RunRec
 
 def commit_image(spec: ImageSpec, target: Target, plan: PatchPlan, patchset: PatchSet, variant: Variant, run: RunRecord) -> None:
     labels = labels_for(patchset, variant, plan, run)
-    run.labels = tuple(sorted(labels.items()))
+    run.update(labels=dict(sorted(labels.items())))
     with run.step("commit"):
         committed = target.commit(labels=labels, tag=spec.tag, force=spec.force)  # type: ignore[attr-defined]
-    run.result_image = ImageRef(ref=committed.ref, id=committed.id)
+    run.update(result_image=ImageRef(ref=committed.ref, id=committed.id))
     if spec.push and spec.tag:
         with run.step("push"):
             digest = target.push(spec.tag)  # type: ignore[attr-defined]
         repository = spec.tag.rsplit(":", 1)[0] if ":" in spec.tag.rsplit("/", 1)[-1] else spec.tag
-        run.result_image = replace(run.result_image, repo_digest=f"{repository}@{digest}")
+        run.update(result_image=ImageRef(ref=committed.ref, id=committed.id, repo_digest=f"{repository}@{digest}"))
         run.notes.append(f"pushed {spec.tag} as {repository}@{digest}")
 
 
@@ -126,13 +125,14 @@ def labels_for(patchset: PatchSet, variant: Variant, plan: PatchPlan, run: RunRe
 
 
 def digestable(run: RunRecord) -> dict:
+    report = run.draft
     return {
-        "patch": run.patch and {"id": run.patch.id, "variant": run.patch.variant, "sha256": run.patch.sha256},
+        "patch": report.patch and {"id": report.patch.id, "variant": report.patch.variant, "sha256": report.patch.sha256},
         "files": [{"path": f.path, "pre": f.pre_sha256, "post": f.post_sha256,
-                   "hunks": [(h.source_start, h.applied_at, h.offset, h.fuzz) for h in f.hunks]} for f in run.files],
-        "compile": run.compile.ok, "probe": [(c.name, c.ok) for c in run.probe.cases],
-        "layer": [(c.kind, c.path) for c in run.layer.changes] if run.layer else [],
-        "source_image": run.target.image and run.target.image.id,
+                   "hunks": [(h.source_start, h.applied_at, h.offset, h.fuzz) for h in f.hunks]} for f in report.files],
+        "compile": report.compile.ok, "probe": [(c.name, c.ok) for c in report.probe.cases],
+        "layer": [(c.kind, c.path) for c in report.layer.changes] if report.layer else [],
+        "source_image": report.target.image and report.target.image.id,
     }
 
 

@@ -7,21 +7,16 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
-from typing import Literal
+from typing import Any
 
 from .. import __version__
 from ..errors import DsparkPatchError
 from ..report.model import (
     AuditReport,
-    CompileReport,
+    Command,
     DistributionInfo,
     ErrorReport,
-    FileReport,
-    ImageRef,
-    IntegrityReport,
-    LayerReport,
-    PatchReport,
-    ProbeReport,
+    Status,
     StepReport,
     TargetReport,
 )
@@ -34,20 +29,32 @@ StepCallback = Callable[[StepReport], None]
 
 @dataclass(kw_only=True)
 class RunRecord:
-    command: Literal["apply", "verify", "probe"]
-    target: TargetReport
+    """A run in progress: the report so far (`draft`), and the steps and notes as they come.
+
+    The pipeline sets report fields with `update`; `report` freezes the draft with the outcome.
+    """
+
+    draft: AuditReport
     on_step: StepCallback | None
-    started_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
-    patch: PatchReport | None = None
-    files: tuple[FileReport, ...] = ()
-    compile: CompileReport = field(default_factory=lambda: CompileReport(ok=True, ran=False))
-    probe: ProbeReport = field(default_factory=lambda: ProbeReport(ok=True, ran=False))
-    integrity: IntegrityReport | None = None
-    layer: LayerReport | None = None
-    result_image: ImageRef | None = None
-    labels: tuple[tuple[str, str], ...] = ()
     steps: list[StepReport] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+
+    @classmethod
+    def start(cls, command: Command, target: TargetReport, on_step: StepCallback | None) -> RunRecord:
+        # Until `report` says how it ended, a run counts as failed: a draft is never a success.
+        draft = AuditReport(
+            command=command,
+            status="failed",
+            exit_code=1,
+            tool_version=__version__,
+            started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            target=target,
+        )
+        return cls(draft=draft, on_step=on_step)
+
+    def update(self, **fields: Any) -> None:
+        """Set fields of the report in progress (the names of `AuditReport`'s fields)."""
+        self.draft = replace(self.draft, **fields)
 
     @contextmanager
     def step(self, name: str) -> Iterator[None]:
@@ -68,25 +75,14 @@ class RunRecord:
         if self.on_step is not None:
             self.on_step(step)
 
-    def report(self, status: str, error: DsparkPatchError | None = None) -> AuditReport:
-        errors = ()
+    def report(self, status: Status, error: DsparkPatchError | None = None) -> AuditReport:
+        errors: tuple[ErrorReport, ...] = ()
         if error is not None:
             errors = (ErrorReport(kind=error.kind, message=error.message, hint=error.hint, exit_code=error.exit_code),)
-        return AuditReport(
-            command=self.command,
-            status="failed" if error is not None else status,  # type: ignore[arg-type]
+        return replace(
+            self.draft,
+            status="failed" if error is not None else status,
             exit_code=error.exit_code if error is not None else 0,
-            tool_version=__version__,
-            started_at=self.started_at,
-            target=self.target,
-            patch=self.patch,
-            files=self.files,
-            compile=self.compile,
-            probe=self.probe,
-            integrity=self.integrity,
-            layer=self.layer,
-            result_image=self.result_image,
-            labels=self.labels,
             steps=tuple(self.steps),
             errors=errors,
             notes=tuple(self.notes),

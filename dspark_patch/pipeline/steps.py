@@ -32,7 +32,7 @@ def prepare(run: RunRecord, target: Target, patch: str | None, strip: int | None
         patchset = resolve(patch, strip=strip)
     with run.step("locate"):
         dist = target.locate(patchset.distribution)
-    run.target = with_distribution(run.target, dist)
+    run.update(target=with_distribution(run.draft.target, dist))
     variant, diff = select_variant(patchset, dist, strip, run)
     return patchset, dist, variant, diff
 
@@ -52,10 +52,10 @@ class CachingReader:
 
 def select_variant(patchset: PatchSet, dist: Distribution, strip: int | None, run: RunRecord) -> tuple[Variant, Diff]:
     variant = patchset.variants[0] if patchset.is_bare else patchset.variant_for(dist.version)
-    run.patch = PatchReport(
+    run.update(patch=PatchReport(
         id=patchset.id, variant=None if patchset.is_bare else variant.name, sha256=variant.diff_sha256,
         source=str(variant.diff_path), hash_checks=not patchset.is_bare,
-    )
+    ))
     if patchset.is_bare:
         run.notes.append("bare diff file: release and hash checks skipped")
     try:
@@ -106,7 +106,7 @@ def check_post_images(plan: PatchPlan, variant: Variant, *, enforce: bool) -> No
 def compile_files(target: Target, dist: Distribution, plan: PatchPlan, run: RunRecord) -> None:
     paths = [fp.path for fp in plan.files if fp.post is not None and fp.path.endswith(".py")]
     if not paths:
-        run.compile = CompileReport(ok=True, ran=True)
+        run.update(compile=CompileReport(ok=True, ran=True))
         return
     result = target.run_python(inside_source("compile"), [f"{dist.location}/{p}" for p in paths], timeout=300)
     try:
@@ -119,7 +119,7 @@ def compile_files(target: Target, dist: Distribution, plan: PatchPlan, run: RunR
     files = tuple(
         CompiledFile(path=rel, ok=bool(row["ok"]), detail=row["detail"]) for rel, row in zip(paths, rows, strict=True)
     )
-    run.compile = CompileReport(ok=all(f.ok for f in files), ran=True, files=files)
+    run.update(compile=CompileReport(ok=all(f.ok for f in files), ran=True, files=files))
     bad = [f for f in files if not f.ok]
     if bad:
         raise CompileFailed(
@@ -134,9 +134,10 @@ def probe_failure(report: ProbeReport) -> ProbeFailed:
 
 def probe_step(target: Target, dist: Distribution, probe: Path, run: RunRecord) -> None:
     with run.step("probe"):
-        run.probe = run_probe(target, dist, probe)
-        if not run.probe.ok:
-            raise probe_failure(run.probe)
+        probed = run_probe(target, dist, probe)
+        run.update(probe=probed)
+        if not probed.ok:
+            raise probe_failure(probed)
 
 
 def check_integrity(target: Target, dist: Distribution, diff: Diff) -> IntegrityReport:

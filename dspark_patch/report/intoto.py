@@ -12,8 +12,8 @@ import re
 from typing import Any
 
 from dspark_patch.errors import BadInput
-from dspark_patch.report.audit_json import to_json_dict
 from dspark_patch.report.model import AuditReport, ImageRef
+from dspark_patch.serialise import to_data
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://github.com/dspark-patch/attestation/audit/v1"
@@ -46,5 +46,5 @@ def to_intoto(report: AuditReport, *, subject_name: str, subject_digest: str) ->
         "_type": STATEMENT_TYPE,
         "subject": [{"name": subject_name, "digest": {"sha256": sha256_hex(subject_digest)}}],
         "predicateType": PREDICATE_TYPE,
-        "predicate": to_json_dict(report),
+        "predicate": to_data(report),
     }

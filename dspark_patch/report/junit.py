@@ -176,7 +176,7 @@ def check_cases(report: AuditReport) -> list[CheckCase]:
     # an admission policy trust an image whose files it does not describe.
     posted = [f for f in report.files if f.post_sha256]
     if report.labels and posted:
-        values = [v for _, v in report.labels]
+        values = list(report.labels.values())
         missing = [f.path for f in posted if not any(f.post_sha256 in v for v in values)]
         cases.append(
             CheckCase(

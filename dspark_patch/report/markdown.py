@@ -194,7 +194,7 @@ def to_markdown(report: AuditReport) -> str:
 
     if report.labels:
         lines += ["### Labels", "", "| label | value |", "|---|---|"]
-        lines += [f"| {_code(k)} | {_code(v)} |" for k, v in report.labels]
+        lines += [f"| {_code(k)} | {_code(v)} |" for k, v in report.labels.items()]
         lines.append("")
 
     if report.steps:

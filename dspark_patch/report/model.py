@@ -1,12 +1,14 @@
 """The audit report: a frozen record of what happened, built once at the end of a run.
 
 Renderers (JSON, Markdown, JUnit, in-toto) are small functions over this model in
-`report.render`; the JSON shape is versioned (`SCHEMA`) and checked against the JSON Schema
-shipped beside this module (`audit.schema.json`).
+`report.render`; the JSON is this model through the shared encoder (`dspark_patch.serialise`),
+versioned (`SCHEMA`) and described by the JSON Schema shipped beside this module
+(`audit.schema.json`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -159,24 +161,27 @@ class ErrorReport:
 
 @dataclass(frozen=True, kw_only=True)
 class AuditReport:
+    # Field order is audit.json's key order: the verdict, the target, the patch, the evidence.
+    schema: str = SCHEMA
     command: Command
     status: Status
     exit_code: int
     tool_version: str
     started_at: str             # ISO 8601, UTC
     target: TargetReport
+    result_image: ImageRef | None = None
     patch: PatchReport | None = None
     files: tuple[FileReport, ...] = ()
     compile: CompileReport = field(default_factory=lambda: CompileReport(ok=True, ran=False))
     probe: ProbeReport = field(default_factory=lambda: ProbeReport(ok=True, ran=False))
     integrity: IntegrityReport | None = None
     layer: LayerReport | None = None
-    result_image: ImageRef | None = None
-    labels: tuple[tuple[str, str], ...] = ()
+    # An object in audit.json, not pairs: that is how `docker inspect` shows labels and how
+    # policies read them.
+    labels: Mapping[str, str] = field(default_factory=dict)
     steps: tuple[StepReport, ...] = ()
     errors: tuple[ErrorReport, ...] = ()
     notes: tuple[str, ...] = ()
-    schema: str = SCHEMA
 
     @property
     def ok(self) -> bool:

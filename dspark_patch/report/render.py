@@ -1,23 +1,23 @@
 """One place to get any form of a report, and to write them all next to each other.
 
-The forms themselves live in small modules: `audit_json` (audit.json and its schema),
+The forms themselves live in small modules: `audit_json` (audit.json, read back through its schema),
 `markdown` (audit.md), `junit` (junit.xml), `intoto` (the attestation).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 from pathlib import Path
 from typing import Literal
 
 from dspark_patch.errors import BadInput, EnvironmentProblem
-from dspark_patch.report.audit_json import from_json_dict, load_schema, read_report, to_json, to_json_dict
+from dspark_patch.report.audit_json import from_json_dict, load_schema, read_report, to_json
 from dspark_patch.report.intoto import PREDICATE_TYPE, STATEMENT_TYPE, image_subject, to_intoto
 from dspark_patch.report.junit import to_junit
 from dspark_patch.report.markdown import to_markdown
 from dspark_patch.report.model import AuditReport
+from dspark_patch.serialise import dumps, to_data
 
 __all__ = [
     "PREDICATE_TYPE",
@@ -29,7 +29,6 @@ __all__ = [
     "render_as",
     "to_intoto",
     "to_json",
-    "to_json_dict",
     "to_junit",
     "to_markdown",
     "write_report_dir",
@@ -43,10 +42,6 @@ AUDIT_MD = "audit.md"
 JUNIT_XML = "junit.xml"
 STATEMENT_JSON = "attestation.intoto.json"
 PREDICATE_JSON = "predicate.json"
-
-
-def _dumps(data: object) -> str:
-    return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
 
 
 def _statement(report: AuditReport) -> dict:
@@ -69,7 +64,7 @@ def render_as(report: AuditReport, fmt: Format) -> str:
         case "junit":
             return to_junit(report)
         case "intoto":
-            return _dumps(_statement(report))
+            return dumps(_statement(report))
 
 
 def write_text_atomic(path: Path, text: str) -> Path:
@@ -100,15 +95,15 @@ def write_report_dir(report: AuditReport, directory: Path) -> list[Path]:
     """Write audit.json, audit.md, junit.xml and, when an image was committed, the attestation
     (statement and predicate). Returns the paths written, in that order."""
     directory = Path(directory)
-    predicate = to_json_dict(report)
+    predicate = to_data(report)
     written = [
-        write_text_atomic(directory / AUDIT_JSON, _dumps(predicate)),
+        write_text_atomic(directory / AUDIT_JSON, dumps(predicate)),
         write_text_atomic(directory / AUDIT_MD, to_markdown(report)),
         write_text_atomic(directory / JUNIT_XML, to_junit(report)),
     ]
     if report.result_image is not None:
-        written.append(write_text_atomic(directory / STATEMENT_JSON, _dumps(_statement(report))))
-        written.append(write_text_atomic(directory / PREDICATE_JSON, _dumps(predicate)))
+        written.append(write_text_atomic(directory / STATEMENT_JSON, dumps(_statement(report))))
+        written.append(write_text_atomic(directory / PREDICATE_JSON, dumps(predicate)))
     else:
         # A reused report folder must not keep the attestation of an earlier run next to
         # this run's audit: a CI step would sign the wrong image's evidence.
