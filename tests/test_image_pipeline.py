@@ -22,7 +22,7 @@ import pytest
 from dspark_patch.patchset import resolve
 from dspark_patch.pipeline import LABEL_PREFIX
 from dspark_patch.report.audit_json import load_schema
-from dspark_patch.targets.image import CONFIG_FIELDS, DockerEngine
+from dspark_patch.targets.docker import CONFIG_FIELDS, DockerEngine
 from tests.support.cli import SCRIPT, run
 from tests.support.images import fixture_image, no_python_image, no_vllm_image
 

@@ -22,6 +22,7 @@ from ..report.model import (
     LayerReport,
     PatchReport,
     ProbeReport,
+    Status,
     StepReport,
     TargetReport,
 )
@@ -68,13 +69,13 @@ class RunRecord:
         if self.on_step is not None:
             self.on_step(step)
 
-    def report(self, status: str, error: DsparkPatchError | None = None) -> AuditReport:
-        errors = ()
+    def report(self, status: Status, error: DsparkPatchError | None = None) -> AuditReport:
+        errors: tuple[ErrorReport, ...] = ()
         if error is not None:
             errors = (ErrorReport(kind=error.kind, message=error.message, hint=error.hint, exit_code=error.exit_code),)
         return AuditReport(
             command=self.command,
-            status="failed" if error is not None else status,  # type: ignore[arg-type]
+            status="failed" if error is not None else status,
             exit_code=error.exit_code if error is not None else 0,
             tool_version=__version__,
             started_at=self.started_at,
