@@ -85,9 +85,7 @@ class WorkContainer:
             self._term.__exit__(None, None, None)
 
     def _start(self) -> None:
-        self._container = self._engine.client.containers.create(
-            self._image_id, name=container_name("target"), network_mode="none", **self._keepalive,
-        )
+        self._container = self._engine.create_container(self._image_id, name=container_name("target"), **self._keepalive)
         try:
             self._container.start()
         except docker.errors.APIError as exc:

@@ -146,6 +146,26 @@ class DockerEngine:
             removed.append(name)
         return removed
 
+    def remove_container(self, name_or_id: str) -> None:
+        """Force-remove a container with its anonymous volumes; gone already is fine."""
+        try:
+            self.client.api.remove_container(name_or_id, force=True, v=True)
+        except docker.errors.NotFound:
+            pass
+
+    def create_container(self, image_id: str, *, name: str, **options: Any) -> Any:
+        """Create a container named `name`, networking off. If the call does not return (SIGTERM
+        mid-call, a lost connection), the engine may still have made it: it is removed by name,
+        since its id never arrived."""
+        try:
+            return self.client.containers.create(image_id, name=name, network_mode="none", **options)
+        except BaseException:
+            try:
+                self.remove_container(name)
+            except Exception:
+                pass  # the original error says more
+            raise
+
     # --- an image run with its own entrypoint -------------------------------------------
     @contextmanager
     def started(
@@ -153,29 +173,25 @@ class DockerEngine:
     ) -> Iterator[StartedContainer]:
         """Create and start a container of `image_id` (its own entrypoint, networking off);
         remove it when the block ends, however it ends (SIGTERM included)."""
-        try:
-            container = self.client.containers.create(
-                image_id,
-                command=list(command),
-                environment=dict(env),
-                name=container_name(role),
-                network_mode="none",
-                device_requests=[docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])] if gpus else None,
-            )
-        except docker.errors.ImageNotFound as exc:
-            raise TargetNotFound(f"image {image_id} not found on the engine at {self.host}") from exc
-        handle = StartedContainer(container, image_id=image_id, gpus=gpus)
         with terminate_raises():
+            try:
+                container = self.create_container(
+                    image_id,
+                    name=container_name(role),
+                    command=list(command),
+                    environment=dict(env),
+                    device_requests=[docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])] if gpus else None,
+                )
+            except docker.errors.ImageNotFound as exc:
+                raise TargetNotFound(f"image {image_id} not found on the engine at {self.host}") from exc
+            handle = StartedContainer(container, image_id=image_id, gpus=gpus)
             try:
                 with handle.engine_errors():
                     container.start()
                 yield handle
             finally:
                 if not keep_requested():
-                    try:
-                        container.remove(force=True, v=True)
-                    except docker.errors.NotFound:
-                        pass
+                    self.remove_container(container.id)
 
 
 class StartedContainer:
