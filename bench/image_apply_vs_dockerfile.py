@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from dspark_patch.engine.diff import parse_diff  # noqa: E402
 from dspark_patch.engine.plan import plan_patch  # noqa: E402
-from dspark_patch.targets.image import DockerEngine  # noqa: E402
+from dspark_patch.targets.docker import DockerEngine  # noqa: E402
 from tests.support import images, vllm  # noqa: E402
 
 PATCH = ROOT / "patches" / "dspark-skip-mtp-buffer" / "vllm-0.33.0.patch"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import docker
@@ -16,6 +17,8 @@ from dspark_patch.errors import BadInput, DsparkPatchError
 from dspark_patch.evaluate.compare import compare_logs
 from dspark_patch.evaluate.kvlog import FLAG, parse_server_log
 from dspark_patch.evaluate.runs import check_no_experiment_flags, evaluate_image
+from dspark_patch.evaluate.server import run_server
+from dspark_patch.targets.docker import DockerEngine
 from tests.support import images
 
 DATA = Path(__file__).parent / "data"
@@ -134,7 +137,7 @@ class NoEngine:
     def image_info(self, ref):
         raise AssertionError("the image must not be looked at before the arguments are checked")
 
-    def run_server(self, *a, **kw):
+    def started(self, *a, **kw):
         raise AssertionError("no server may start")
 
 
@@ -253,3 +256,36 @@ def test_evaluate_end_to_end_server_dying_before_its_kv_lines_fails_naming_them(
         for rank in ("TP0", "TP1"):
             assert any(log in r and "Available KV cache memory" in r and rank in r for r in doc["reasons"])
         assert any(log in r and "KV cache size" in r for r in doc["reasons"])
+
+
+# --- one server run, on a real engine --------------------------------------------------------
+def _my_containers(engine: DockerEngine) -> set[str]:
+    """Containers of ours made by this test process (other runs may share the engine)."""
+    return {name for _, name in engine.our_containers() if f"--{os.getpid()}--" in name}
+
+
+@pytest.mark.docker
+def test_run_server_follows_the_log_until_the_pattern_then_removes_it():
+    engine = DockerEngine()
+    ref = images.server_double_image()
+    run = run_server(
+        engine, engine.image_info(ref).id, env={"DOUBLE_GREETING": "hello"}, command_args=["--port", "9000"],
+        gpus=False, until=lambda log: "server ready" in log, timeout=60,
+    )
+    assert run.matched and not run.timed_out and run.exit_code is None
+    assert "with args: --port 9000" in run.log
+    assert "DOUBLE_GREETING=hello" in run.log
+    assert "Available KV cache memory: 6.76 GiB" in run.log
+    assert _my_containers(engine) == set()
+
+
+@pytest.mark.docker
+def test_run_server_reports_an_exit():
+    engine = DockerEngine()
+    run = run_server(
+        engine, engine.image_info(images.server_double_image()).id, env={}, command_args=["--exit-now"],
+        gpus=False, until=lambda log: "server ready" in log, timeout=60,
+    )
+    assert not run.matched and run.exit_code == 3
+    assert "exiting as asked" in run.log
+    assert _my_containers(engine) == set()

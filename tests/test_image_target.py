@@ -20,7 +20,7 @@ import pytest
 
 from dspark_patch.engine.plan import FilePlan, PatchPlan
 from dspark_patch.errors import CheckFailed, EngineUnreachable, TagExists, TargetNotFound
-from dspark_patch.targets.image import NAME_PREFIX, DockerEngine, ImageTarget, gc_containers
+from dspark_patch.targets.docker import NAME_PREFIX, DockerEngine, ImageTarget, gc_containers
 from tests.support import images, vllm
 
 pytestmark = pytest.mark.docker
@@ -108,7 +108,7 @@ def test_container_removed_when_the_block_raises(engine, fixture_ref):
 def test_keep_env_keeps_the_container_and_says_so(engine, fixture_ref):
     # A separate run with the variable set, as a user debugging would start it.
     script = textwrap.dedent(f"""
-        from dspark_patch.targets.image import ImageTarget
+        from dspark_patch.targets.docker import ImageTarget
         with ImageTarget({fixture_ref!r}) as target:
             name = target.container.name
         print(name)
@@ -135,7 +135,7 @@ def test_keep_env_keeps_the_container_and_says_so(engine, fixture_ref):
 def test_sigterm_removes_the_container(engine, fixture_ref):
     script = textwrap.dedent(f"""
         import sys, time
-        from dspark_patch.targets.image import ImageTarget
+        from dspark_patch.targets.docker import ImageTarget
         with ImageTarget({fixture_ref!r}) as target:
             print(target.container.name, flush=True)
             time.sleep(120)
@@ -410,25 +410,3 @@ def test_unreachable_engine(monkeypatch):
     assert refused.value.exit_code == 3
     assert "DOCKER_HOST" in refused.value.hint
 
-
-# --- run_server --------------------------------------------------------------------------------
-def test_run_server_follows_the_log_until_the_pattern_then_removes_it(engine):
-    ref = images.server_double_image()
-    run = engine.run_server(
-        engine.image_info(ref).id, env={"DOUBLE_GREETING": "hello"}, command_args=["--port", "9000"],
-        device_requests_all_gpus=False, until=lambda log: "server ready" in log, timeout=60,
-    )
-    assert run.matched and not run.timed_out and run.exit_code is None
-    assert "with args: --port 9000" in run.log
-    assert "DOUBLE_GREETING=hello" in run.log
-    assert "Available KV cache memory: 6.76 GiB" in run.log
-    assert _mine(engine) == set()
-
-
-def test_run_server_reports_an_exit(engine):
-    run = engine.run_server(
-        engine.image_info(images.server_double_image()).id, env={}, command_args=["--exit-now"],
-        device_requests_all_gpus=False, until=lambda log: "server ready" in log, timeout=60,
-    )
-    assert not run.matched and run.exit_code == 3
-    assert "exiting as asked" in run.log

@@ -9,7 +9,6 @@ that imports torch and walks the whole tree.
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 

@@ -121,7 +121,7 @@ def evaluate(
     expect_mib: Optional[float] = _EXPECT_MIB,
 ) -> None:
     """Start the SAME image twice, flag off then on, and compare the KV capacity they report."""
-    from ..targets.image import DockerEngine   # the engine is needed only by this command
+    from ..targets.docker import DockerEngine   # the engine is needed only by this command
 
     result = evaluate_image(
         DockerEngine(), image_ref=image, server_args=list(server_args or ()),

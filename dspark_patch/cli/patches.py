@@ -44,7 +44,7 @@ def show(patch_id: Annotated[str, typer.Argument(metavar="ID", help="A patch-set
 
 def gc() -> None:
     """Remove containers left behind by a killed dspark-patch run."""
-    from ..targets.image import gc_containers
+    from ..targets.docker import gc_containers
 
     removed = gc_containers()
     output.print_text(f"removed {len(removed)} leftover container(s)" + "".join(f"\n  {c}" for c in removed))

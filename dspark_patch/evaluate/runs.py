@@ -6,13 +6,13 @@ experiment flags. The flag is set explicitly in both runs ("0", then "1") rather
 the first, so an image whose own config sets it cannot turn the "off" run on; vLLM's patched
 envs.py accepts exactly "0" and "1".
 
-The engine is a parameter (`ServerEngine`, what `targets.image.DockerEngine` offers), so this
-module never touches Docker itself.
+The engine is a parameter (`ServerEngine`, what `targets.docker.DockerEngine` offers), so this
+module never touches Docker itself; each run is `server.run_server`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -21,6 +21,7 @@ from .compare import DEFAULT_TOLERANCE_GIB, compare_logs
 from .kvlog import FLAG, parse_server_log
 from ..serialise import dumps
 from .model import EvaluationResult, FlagState, ServerRunRecord
+from .server import ContainerEngine, run_server
 
 FLAG_VALUES: dict[FlagState, str] = {"off": "0", "on": "1"}
 EXPERIMENT_PREFIX = "VLLM_PCAI_"
@@ -35,22 +36,15 @@ PACKED_KV_CACHE_DTYPE_PREFIXES = ("turboquant_", "ultraquant_")
 KV_CACHE_DTYPE_OPTION = "--kv-cache-dtype"
 
 
-class ServerRunLike(Protocol):
-    log: str
-    container_id: str
-    image_id: str
-    exit_code: int | None
-    matched: bool
-    timed_out: bool
+class ImageLike(Protocol):
+    @property
+    def id(self) -> str: ...
+    @property
+    def config(self) -> dict[str, Any]: ...   # the image's Config; its "Env" is checked
 
 
-class ServerEngine(Protocol):
-    def image_info(self, ref: str) -> Any: ...   # .id, .config["Env"]
-
-    def run_server(
-        self, image_id: str, *, env: Mapping[str, str], command_args: Sequence[str],
-        device_requests_all_gpus: bool, until: Callable[[str], bool], timeout: float,
-    ) -> ServerRunLike: ...
+class ServerEngine(ContainerEngine, Protocol):
+    def image_info(self, ref: str) -> ImageLike: ...
 
 
 def parse_env_items(items: Sequence[str]) -> dict[str, str]:
@@ -159,9 +153,8 @@ def evaluate_image(
     notes: list[str] = []
     for state in ("off", "on"):
         run_env = {**env, FLAG: FLAG_VALUES[state]}
-        run = engine.run_server(
-            info.id, env=run_env, command_args=list(server_args),
-            device_requests_all_gpus=gpus,
+        run = run_server(
+            engine, info.id, env=run_env, command_args=list(server_args), gpus=gpus,
             until=lambda text: server_ready(text, engines=engines), timeout=timeout,
         )
         log_file = report_dir / f"server-flag-{state}.log"

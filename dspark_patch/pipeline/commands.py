@@ -9,19 +9,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from ..engine.plan import plan_patch
 from ..errors import BadInput, DsparkPatchError, ProbeFailed, VerifyMismatch
 from ..patchset import resolve
 from ..report.model import AuditReport, FileReport, ImageRef
-from ..targets.base import Target
+from ..targets.base import ImageCapable, Target
 from .image_steps import (
     await_probe,
     check_labels,
     check_layer,
     commit_image,
-    is_image,
     probe_in_twin,
 )
 from .record import RunRecord, StepCallback, target_report, with_distribution
@@ -83,7 +82,7 @@ def _run(run: RunRecord, spec: TargetSpec, steps: Callable[[Target], AuditReport
     except DsparkPatchError as exc:
         report = run.report("failed", exc)
     # Notes the target gathered while closing (a kept container, leftovers it removed).
-    notes = tuple(getattr(target, "notes", ()))
+    notes = target.notes if target is not None else ()
     return replace(report, notes=report.notes + notes) if notes else report
 
 
@@ -93,20 +92,37 @@ def _open(spec: TargetSpec, run: RunRecord, stack: ExitStack) -> Target:
             from ..targets.local import LocalTree
 
             return LocalTree(spec.root, python=spec.python)
-        from ..targets.image import ImageTarget
+        from ..targets.docker import ImageTarget
 
         target = stack.enter_context(ImageTarget(spec.ref))
         run.update(target=replace(run.draft.target, image=ImageRef(ref=spec.ref, id=target.info.id or "")))
         return target
 
 
+@dataclass(frozen=True, kw_only=True)
+class _ImageFlow:
+    spec: ImageSpec          # what the caller asked of the image (tag, force, push)
+    target: ImageCapable     # the container made from it
+
+
+def _image_flow(spec: TargetSpec, target: Target) -> _ImageFlow | None:
+    if not isinstance(spec, ImageSpec):
+        return None
+    if not isinstance(target, ImageCapable):
+        raise TypeError(f"an image request opened a {type(target).__name__}, which cannot commit")
+    return _ImageFlow(spec=spec, target=target)
+
+
 def _apply(request: ApplyRequest, target: Target, run: RunRecord) -> AuditReport:
+    # The image flow, checked once: an image request opens an image target.
+    image = _image_flow(request.target, target)
     patchset, dist, variant, diff = prepare(run, target, request.patch, request.strip)
-    if isinstance(request.target, ImageSpec) and request.target.tag and not request.dry_run:
-        target.refuse_existing_tag(request.target.tag, force=request.target.force)  # type: ignore[attr-defined]
+    if image is not None and image.spec.tag and not request.dry_run:
+        image.target.refuse_existing_tag(image.spec.tag, force=image.spec.force)
     reader = CachingReader(target)
     hash_checks = not patchset.is_bare and not request.allow_unknown_base
-    run.update(patch=replace(run.draft.patch, hash_checks=hash_checks))  # type: ignore[arg-type]
+    assert run.draft.patch is not None  # set by prepare()
+    run.update(patch=replace(run.draft.patch, hash_checks=hash_checks))
     if request.allow_unknown_base and not patchset.is_bare:
         run.notes.append("--allow-unknown-base: pre-image hashes not enforced; relying on zero-fuzz placement alone")
 
@@ -122,11 +138,11 @@ def _apply(request: ApplyRequest, target: Target, run: RunRecord) -> AuditReport
         run.notes.append("every hunk is already in place; nothing was written")
         for name in ("write", "compile", "probe"):
             run.skipped(name, "already applied")
-        if isinstance(request.target, ImageSpec) and request.target.tag and not request.dry_run:
+        if image is not None and image.spec.tag and not request.dry_run:
             # Like a cached `docker build`: the name the caller asked for points at the
             # image that already carries the patch, so a following verify/push finds it.
             with run.step("tag"):
-                tagged = target.tag_source(request.target.tag, force=request.target.force)  # type: ignore[attr-defined]
+                tagged = image.target.tag_source(image.spec.tag, force=image.spec.force)
             run.update(result_image=ImageRef(ref=tagged.ref, id=tagged.id))
             run.notes.append(f"tagged the source image as {tagged.ref}; no new layer")
         return run.report("already-applied")
@@ -136,11 +152,10 @@ def _apply(request: ApplyRequest, target: Target, run: RunRecord) -> AuditReport
         return run.report("dry-run")
 
     probe = patchset.probe if request.probe else None
-    image = request.target if isinstance(request.target, ImageSpec) else None
     pyc_before = {pyc: reader(pyc) for pyc in bytecode_paths(plan, dist)}
     with ExitStack() as scratch:
         # For an image the probe runs in a twin container while this one's changes are listed.
-        pending_probe = probe_in_twin(target, dist, plan, probe, run, scratch) if image and probe else None
+        pending_probe = probe_in_twin(image.target, dist, plan, probe, run, scratch) if image and probe else None
         with run.step("write"):
             target.write(plan)
         try:
@@ -155,12 +170,12 @@ def _apply(request: ApplyRequest, target: Target, run: RunRecord) -> AuditReport
                 else:
                     run.skipped("probe", "--no-probe" if not request.probe else "this patch set has no probe")
                 return run.report("applied")
-            check_layer(target, dist, plan, run)
+            check_layer(image.target, dist, plan, run)
             if pending_probe is not None:
                 await_probe(pending_probe, run)
             else:
                 run.skipped("probe", "--no-probe" if not request.probe else "this patch set has no probe")
-            commit_image(image, target, plan, patchset, variant, run)
+            commit_image(image.spec, image.target, plan, patchset, variant, run)
         except BaseException:
             with run.step("restore"):
                 target.restore(bytecode_restore_plan(target, pyc_before, plan))
@@ -203,7 +218,7 @@ def _verify(request: VerifyRequest, target: Target, run: RunRecord) -> AuditRepo
         problems += [f"{p}: missing (listed in RECORD)" for p in i.missing]
         problems += list(i.stale_bytecode)
 
-    if is_image(target):
+    if isinstance(target, ImageCapable):
         with run.step("labels"):
             problems += check_labels(target, variant, patchset)
 

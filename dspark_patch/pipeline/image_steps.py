@@ -16,7 +16,7 @@ from ..errors import DsparkPatchError, LayerMismatch
 from ..patchset import PatchSet, Variant
 from ..probe.run import run_probe
 from ..report.model import ImageRef, LayerChange, LayerReport, ProbeReport, StepReport
-from ..targets.base import Distribution, Target
+from ..targets.base import Distribution, ImageCapable
 from .record import RunRecord
 from .requests import ImageSpec
 from .steps import bytecode_paths, probe_failure
@@ -25,11 +25,7 @@ from .steps import bytecode_paths, probe_failure
 LABEL_PREFIX = "io.github.dspark-patch"
 
 
-def is_image(target: Target) -> bool:
-    return target.info.kind == "image"
-
-
-def probe_in_twin(target: Target, dist: Distribution, plan: PatchPlan, probe: Path, run: RunRecord,
+def probe_in_twin(target: ImageCapable, dist: Distribution, plan: PatchPlan, probe: Path, run: RunRecord,
                   scratch: ExitStack) -> Future:
     """Start the probe in a twin container of the source image holding the same post-images.
 
@@ -38,7 +34,7 @@ def probe_in_twin(target: Target, dist: Distribution, plan: PatchPlan, probe: Pa
     SIGTERM handling needs that); on any failure it is removed before the worker is awaited."""
     pool = scratch.enter_context(ThreadPoolExecutor(max_workers=1, thread_name_prefix="probe"))
     with run.step("probe container"):
-        twin = scratch.enter_context(target.twin())  # type: ignore[attr-defined]
+        twin = scratch.enter_context(target.twin())
 
     def job() -> tuple[ProbeReport, float]:
         start = time.monotonic()
@@ -65,9 +61,9 @@ def await_probe(pending: Future, run: RunRecord) -> None:
         raise probe_failure(report)
 
 
-def check_layer(target: Target, dist: Distribution, plan: PatchPlan, run: RunRecord) -> None:
+def check_layer(target: ImageCapable, dist: Distribution, plan: PatchPlan, run: RunRecord) -> None:
     with run.step("layer"):
-        changes = tuple(LayerChange(kind=k, path=p) for k, p in target.changes())  # type: ignore[attr-defined]
+        changes = tuple(LayerChange(kind=k, path=p) for k, p in target.changes())
         expected = expected_layer(plan, dist)
         unexpected = tuple(c for c in changes if c.path not in expected)
         run.update(layer=LayerReport(ok=not unexpected, changes=changes, unexpected=unexpected))
@@ -79,15 +75,15 @@ def check_layer(target: Target, dist: Distribution, plan: PatchPlan, run: RunRec
             )
 
 
-def commit_image(spec: ImageSpec, target: Target, plan: PatchPlan, patchset: PatchSet, variant: Variant, run: RunRecord) -> None:
+def commit_image(spec: ImageSpec, target: ImageCapable, plan: PatchPlan, patchset: PatchSet, variant: Variant, run: RunRecord) -> None:
     labels = labels_for(patchset, variant, plan, run)
     run.update(labels=dict(sorted(labels.items())))
     with run.step("commit"):
-        committed = target.commit(labels=labels, tag=spec.tag, force=spec.force)  # type: ignore[attr-defined]
+        committed = target.commit(labels=labels, tag=spec.tag, force=spec.force)
     run.update(result_image=ImageRef(ref=committed.ref, id=committed.id))
     if spec.push and spec.tag:
         with run.step("push"):
-            digest = target.push(spec.tag)  # type: ignore[attr-defined]
+            digest = target.push(spec.tag)
         repository = spec.tag.rsplit(":", 1)[0] if ":" in spec.tag.rsplit("/", 1)[-1] else spec.tag
         run.update(result_image=ImageRef(ref=committed.ref, id=committed.id, repo_digest=f"{repository}@{digest}"))
         run.notes.append(f"pushed {spec.tag} as {repository}@{digest}")
@@ -136,8 +132,8 @@ def digestable(run: RunRecord) -> dict:
     }
 
 
-def check_labels(target: Target, variant: Variant, patchset: PatchSet) -> list[str]:
-    labels = target.source.config.get("Labels") or {}  # type: ignore[attr-defined]
+def check_labels(target: ImageCapable, variant: Variant, patchset: PatchSet) -> list[str]:
+    labels = target.source_labels()
     problems = []
     files_label = labels.get(f"{LABEL_PREFIX}.files")
     if files_label is None:

@@ -1,20 +1,23 @@
 """What a target is: a place where an installed distribution lives and can be patched.
 
 Two kinds exist: a local site-packages folder (`targets.local.LocalTree`) and a container made
-from an image (`targets.image.ImageTarget`). The pipeline only ever talks to this protocol, so
-the same plan, hash checks and report serve both.
+from an image (`targets.docker.ImageTarget`). The pipeline talks to `Target`, so the same plan,
+hash checks and report serve both; the steps only an image has (twin probe, layer check,
+labels, commit, tag, push) ask for `ImageCapable`, checked once per run.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from ..engine.plan import PatchPlan
 
 TargetKind = Literal["local", "image"]
+ChangeKind = Literal["A", "C", "D"]   # a container's change against its image: added, changed, deleted
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,6 +54,13 @@ class RunResult:
     timed_out: bool = False
 
 
+@dataclass(frozen=True, kw_only=True)
+class CommittedImage:
+    ref: str                  # the tag given, or the id when committed without a tag
+    id: str
+    layers: int
+
+
 class Target(Protocol):
     """Everything the pipeline needs from a place that holds an installed distribution.
 
@@ -59,6 +69,12 @@ class Target(Protocol):
 
     @property
     def info(self) -> TargetInfo: ...
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """What the target did on its own that the report should say (complete once closed:
+        a kept container, leftovers of a killed run it removed)."""
+        ...
 
     def locate(self, distribution: str) -> Distribution:
         """Find the installed distribution without importing it.
@@ -90,4 +106,42 @@ class Target(Protocol):
 
         The source travels as an argument so nothing is written into the target; the
         environment is given per run and never persists."""
+        ...
+
+
+@runtime_checkable
+class ImageCapable(Target, Protocol):
+    """A target made from a container image: what only such a target can do.
+
+    The pipeline checks for it once (`isinstance(target, ImageCapable)`) and hands the result
+    to the image-only steps, which are typed with it."""
+
+    def twin(self) -> AbstractContextManager[Target]:
+        """A scratch copy of the same source image holding what `locate` found here; entering
+        it starts a container that nothing of this target's result can see."""
+        ...
+
+    def changes(self) -> list[tuple[ChangeKind, str]]:
+        """The container's filesystem changes against its image (what a commit would bake)."""
+        ...
+
+    def source_labels(self) -> Mapping[str, str]:
+        """The source image's labels."""
+        ...
+
+    def refuse_existing_tag(self, tag: str, *, force: bool) -> None:
+        """Raise TagExists when `tag` exists and `force` is not given."""
+        ...
+
+    def commit(self, *, labels: Mapping[str, str], tag: str | None, force: bool = False) -> CommittedImage:
+        """One new layer on top of the source, its config kept and `labels` added; tagged only
+        once verified."""
+        ...
+
+    def tag_source(self, tag: str, *, force: bool) -> CommittedImage:
+        """Name the source image itself (it already carries the patch): no new layer."""
+        ...
+
+    def push(self, tag: str) -> str:
+        """Push `tag` to its registry; the pushed manifest digest."""
         ...

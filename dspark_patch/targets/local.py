@@ -39,6 +39,10 @@ class LocalTree:
     def info(self) -> TargetInfo:
         return TargetInfo(kind="local", ref=str(self.root), id=None)
 
+    @property
+    def notes(self) -> tuple[str, ...]:
+        return ()
+
     def locate(self, distribution: str) -> Distribution:
         wanted = _normalize(distribution)
         for info_dir in sorted(self.root.glob("*.dist-info")):

@@ -1,0 +1,30 @@
+"""A container image as a patch target: the only package that talks to the Docker engine.
+
+One idea a module:
+  engine.py     DockerEngine: connect, images (inspect, tag, push, remove), our containers
+                (list, gc), and `started` (an image run with its own entrypoint)
+  naming.py     our containers' names and who owns one (the only place that decides either)
+  container.py  WorkContainer: one keep-alive container; call, copy_out, copy_into, changes
+  commit.py     one layer on top of the source with the source's config kept, then checked
+  signals.py    SIGTERM -> SystemExit while a container is alive, so it is removed
+  target.py     ImageTarget: the Target protocol and ImageCapable on top of those
+"""
+
+from __future__ import annotations
+
+from .commit import CONFIG_FIELDS
+from .engine import ContainerState, DockerEngine, ImageInfo, StartedContainer, gc_containers
+from .naming import KEEP_ENV, NAME_PREFIX
+from .target import ImageTarget
+
+__all__ = [
+    "CONFIG_FIELDS",
+    "KEEP_ENV",
+    "NAME_PREFIX",
+    "ContainerState",
+    "DockerEngine",
+    "ImageInfo",
+    "ImageTarget",
+    "StartedContainer",
+    "gc_containers",
+]

@@ -1,0 +1,241 @@
+"""One container kept alive from an image, and the few operations everything else is built on:
+`call` (exec), `copy_out` / `copy_into` (one file, owner and mode kept), `changes`, `commit_layer`.
+
+Use it as a context manager: the container is created and started on entry and force-removed
+on every way out, also when starting fails or SIGTERM arrives; `DSPARK_PATCH_KEEP_CONTAINER=1`
+keeps it for debugging and leaves a note saying how to remove it.
+
+Everything run here runs as root with its environment given per exec (never on the container's
+config: a commit would copy it into the image).
+"""
+
+from __future__ import annotations
+
+import io
+import posixpath
+import tarfile
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import docker.errors
+
+from ...errors import EnvironmentProblem, UnsafePatch
+from ..base import ChangeKind, RunResult
+from .engine import DockerEngine, reason
+from .naming import KEEP_ENV, container_name, keep_requested
+from .signals import terminate_raises
+
+if TYPE_CHECKING:
+    from docker.models.containers import Container
+
+_DIFF_KINDS: dict[int, ChangeKind] = {0: "C", 1: "A", 2: "D"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class FileMeta:
+    mode: int
+    uid: int
+    gid: int
+    uname: str
+    gname: str
+
+
+NEW_FILE = FileMeta(mode=0o644, uid=0, gid=0, uname="root", gname="root")
+
+
+class ExecutableMissing(Exception):
+    """The keep-alive's interpreter is not in the image (the container was removed)."""
+
+
+class WorkContainer:
+    """A container of `image_id` whose entrypoint/command are replaced by `keepalive`.
+
+    `python` is the interpreter the keep-alive runs; small file operations use it too."""
+
+    def __init__(
+        self, engine: DockerEngine, image_id: str, *, ref: str, python: str, keepalive: Mapping[str, Any],
+    ) -> None:
+        self.ref = ref                # the image as the user named it, for messages
+        self.python = python
+        self._engine = engine
+        self._image_id = image_id
+        self._keepalive = dict(keepalive)
+        self._container: Container | None = None
+        self._term = terminate_raises()
+        self._has_timeout: bool | None = None
+        self.notes: list[str] = []
+
+    # --- lifecycle ----------------------------------------------------------------------
+    def __enter__(self) -> WorkContainer:
+        self._term.__enter__()
+        try:
+            self._start()
+        except BaseException:
+            self._term.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self._remove()
+        finally:
+            self._term.__exit__(None, None, None)
+
+    def _start(self) -> None:
+        self._container = self._engine.create_container(self._image_id, name=container_name("target"), **self._keepalive)
+        try:
+            self._container.start()
+        except docker.errors.APIError as exc:
+            missing = "executable file not found" in str(exc) or "no such file" in str(exc)
+            self._remove(keep_allowed=not missing)  # nothing to debug in a container that never ran
+            if missing:
+                raise ExecutableMissing(self.python) from exc
+            raise EnvironmentProblem(f"could not start a container from image {self.ref}: {reason(exc)}") from exc
+        except BaseException:
+            self._remove()
+            raise
+
+    def _remove(self, *, keep_allowed: bool = True) -> None:
+        container, self._container = self._container, None
+        if container is None:
+            return
+        if keep_allowed and keep_requested():
+            self.notes.append(f"kept container {container.short_id} ({KEEP_ENV}=1); "
+                              f"remove it with `docker rm -f {container.short_id}`")
+            return
+        try:
+            container.remove(force=True, v=True)
+        except docker.errors.NotFound:
+            pass
+
+    @property
+    def container(self) -> Container:
+        if self._container is None:
+            raise RuntimeError("WorkContainer used outside its with-block")
+        return self._container
+
+    @property
+    def id(self) -> str:
+        return str(self.container.id)
+
+    @property
+    def name(self) -> str:
+        return str(self.container.name)
+
+    # --- the four operations --------------------------------------------------------------
+    def call(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float) -> RunResult:
+        """Run argv as root in the container, env for this exec only, stopped after `timeout`."""
+        api = self.container.client.api
+        argv = list(argv)
+        # `timeout` (coreutils/busybox) stops the process inside the container; the host-side
+        # wait below only guards against images without it.
+        wrapped = ["timeout", "-k", "5", str(max(1, int(timeout))), *argv] if self._timeout_available() else argv
+        exec_id = api.exec_create(self.container.id, wrapped, user="0", environment=dict(env or {}))["Id"]
+        box: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                box["out"] = api.exec_start(exec_id, demux=True)
+            except BaseException as exc:  # surfaced in the calling thread
+                box["error"] = exc
+
+        worker = threading.Thread(target=run, daemon=True)
+        worker.start()
+        worker.join(timeout + 15)
+        if worker.is_alive():
+            return RunResult(returncode=-9, stdout=b"", stderr=b"timed out (no `timeout` in the image)", timed_out=True)
+        if "error" in box:
+            raise EnvironmentProblem(f"running {argv[0]} in the container failed: {reason(box['error'])}")
+        stdout, stderr = box["out"] or (None, None)
+        code = api.exec_inspect(exec_id)["ExitCode"]
+        timed_out = wrapped is not argv and code in (124, 137)
+        return RunResult(returncode=code, stdout=stdout or b"", stderr=stderr or b"", timed_out=timed_out)
+
+    def copy_out(self, absolute: str) -> tuple[bytes, FileMeta] | None:
+        """A regular file's bytes and owner/mode (None if it does not exist), extracted in
+        memory from the engine's tar stream."""
+        try:
+            stream, _ = self.container.get_archive(absolute)
+        except docker.errors.NotFound:
+            return None
+        data = b"".join(stream)
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
+            members = tar.getmembers()
+            member = members[0] if members else None
+            if member is None or not member.isfile() or len(members) != 1:
+                what = "a symlink" if member is not None and member.issym() else "not a regular file"
+                raise UnsafePatch(
+                    f"{absolute} in image {self.ref} is {what}; the tool only patches regular files"
+                )
+            extracted = tar.extractfile(member)
+            assert extracted is not None
+            meta = FileMeta(mode=member.mode, uid=member.uid, gid=member.gid,
+                            uname=member.uname, gname=member.gname)
+            return extracted.read(), meta
+
+    def copy_into(self, absolute: str, data: bytes, meta: FileMeta) -> None:
+        """Write one file with the given owner and mode, making its folder if it is new."""
+        parent, name = posixpath.split(absolute)
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w:", format=tarfile.PAX_FORMAT) as tar:
+            member = tarfile.TarInfo(name)
+            member.size = len(data)
+            member.mode, member.uid, member.gid = meta.mode, meta.uid, meta.gid
+            member.uname, member.gname = meta.uname, meta.gname
+            member.mtime = int(time.time())
+            tar.addfile(member, io.BytesIO(data))
+        try:
+            try:
+                ok = self.container.put_archive(parent, buffer.getvalue())
+            except docker.errors.NotFound:
+                self._python_op("import os, sys\nos.makedirs(sys.argv[1], mode=0o755, exist_ok=True)",
+                                parent, failed=f"could not create {parent} in the container")
+                ok = self.container.put_archive(parent, buffer.getvalue())
+        except docker.errors.APIError as exc:
+            raise EnvironmentProblem(f"writing {absolute} into the container failed: {reason(exc)}") from exc
+        if not ok:
+            raise EnvironmentProblem(f"writing {absolute} into the container failed")
+
+    def exists(self, absolute: str) -> bool:
+        try:
+            self.container.get_archive(absolute)
+        except docker.errors.NotFound:
+            return False
+        return True
+
+    def delete(self, absolute: str) -> None:
+        self._python_op("import os, sys\nos.remove(sys.argv[1])", absolute,
+                        failed=f"could not delete {absolute} in the container")
+
+    # --- what a commit would bake ---------------------------------------------------------
+    def changes(self) -> list[tuple[ChangeKind, str]]:
+        """The container's filesystem changes against the image (what a commit would bake)."""
+        diff = self.container.diff() or []
+        return sorted((_DIFF_KINDS[d["Kind"]], d["Path"]) for d in diff)
+
+    def commit_layer(self, config: Mapping[str, Any]) -> str:
+        """Commit the container's changes as one image with exactly `config`; its id.
+        (See commit.py for why the config must be complete.)"""
+        try:
+            image = self.container.commit(conf=dict(config), message="dspark-patch", author="dspark-patch", pause=True)
+        except docker.errors.APIError as exc:
+            raise EnvironmentProblem(f"committing the patched container failed: {reason(exc)}") from exc
+        return str(image.id)
+
+    # --- internals ----------------------------------------------------------------------
+    def _python_op(self, code: str, path: str, *, failed: str) -> None:
+        result = self.call([self.python, "-B", "-c", code, path], timeout=60)
+        if result.returncode != 0:
+            raise EnvironmentProblem(f"{failed}: {result.stderr.decode(errors='replace').strip()}")
+
+    def _timeout_available(self) -> bool:
+        if self._has_timeout is None:
+            api = self.container.client.api
+            exec_id = api.exec_create(self.container.id, ["timeout", "--help"], user="0")["Id"]
+            api.exec_start(exec_id)
+            code = api.exec_inspect(exec_id)["ExitCode"]
+            self._has_timeout = code in (0, 1)  # busybox prints usage and exits 1
+        return self._has_timeout

@@ -1,0 +1,260 @@
+"""A connection to one Docker engine and the few operations the tool needs of it.
+
+Images (inspect, tag, push, remove), our containers (list, collect a killed run's), and one
+small surface to run an image with its own entrypoint (`started`: create, start, state, logs,
+remove on every path), which `evaluate/server.py` builds its server runs on.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import docker
+import docker.errors
+import docker.types
+import requests.exceptions
+
+from ...errors import BadInput, EngineUnreachable, EnvironmentProblem, TargetNotFound
+from .naming import NAME_PREFIX, Owner, container_name, keep_requested
+from .signals import terminate_raises
+
+
+class ImageInfo(NamedTuple):
+    id: str                       # sha256:...
+    config: dict[str, Any]        # the image's Config, as the engine reports it
+    layers: int                   # number of filesystem layers (RootFS.Layers)
+    repo_tags: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ContainerState:
+    running: bool
+    exit_code: int | None         # None while it runs
+
+
+class DockerEngine:
+    """A connection to one Docker engine, with the few operations the tool needs."""
+
+    def __init__(self, client: docker.DockerClient | None = None) -> None:
+        self.host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+        try:
+            self.client = client or docker.from_env()
+            self.client.ping()
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+            raise EngineUnreachable(
+                f"cannot reach a Docker engine at {self.host}: {reason(exc)}",
+                hint="start one (scripts/ensure-docker) or point DOCKER_HOST at one",
+            ) from exc
+
+    # --- images -------------------------------------------------------------------------
+    def image_info(self, ref: str) -> ImageInfo:
+        try:
+            image = self.client.images.get(ref)
+        except docker.errors.ImageNotFound as exc:
+            raise TargetNotFound(
+                f"image {ref} not found on the engine at {self.host}",
+                hint="check `docker images`, pull or build it (scripts/build-images for the fixtures)",
+            ) from exc
+        except docker.errors.APIError as exc:
+            raise BadInput(f"image reference {ref!r} is not usable: {reason(exc)}") from exc
+        attrs = image.attrs
+        return ImageInfo(
+            id=image.id,
+            config=copy.deepcopy(attrs.get("Config") or {}),
+            layers=len((attrs.get("RootFS") or {}).get("Layers") or ()),
+            repo_tags=tuple(attrs.get("RepoTags") or ()),
+        )
+
+    def tag_exists(self, name: str) -> bool:
+        try:
+            self.client.images.get(name)
+        except docker.errors.ImageNotFound:
+            return False
+        return True
+
+    def remove_image(self, ref: str, *, force: bool = False) -> None:
+        try:
+            self.client.images.remove(ref, force=force)
+        except docker.errors.ImageNotFound:
+            pass
+
+    def tag(self, image_id: str, name: str) -> None:
+        repository, tag = _split_tag(name)
+        self.client.images.get(image_id).tag(repository, tag)
+
+    def push(self, tag: str) -> str:
+        """Push `tag` to its registry; returns the pushed manifest digest (sha256:...)."""
+        repository, name_tag = _split_tag(tag)
+        digest = None
+        try:
+            for event in self.client.images.push(repository, tag=name_tag, stream=True, decode=True):
+                if "error" in event:
+                    raise EnvironmentProblem(
+                        f"pushing {tag} failed: {event['error']}",
+                        hint="check that the registry is running and reachable from the engine",
+                    )
+                digest = (event.get("aux") or {}).get("Digest", digest)
+        except docker.errors.APIError as exc:
+            raise EnvironmentProblem(f"pushing {tag} failed: {reason(exc)}") from exc
+        if digest is None:
+            raise EnvironmentProblem(f"pushing {tag} reported no digest")
+        return digest
+
+    # --- our containers -----------------------------------------------------------------
+    def our_containers(self) -> list[tuple[str, str]]:
+        """(id, name) of every container of ours on the engine, running or not."""
+        # The low-level list: the high-level one inspects each container, and containers of
+        # other runs may vanish in between.
+        found = _list_containers(self.client.api, NAME_PREFIX)
+        ours = []
+        for entry in found:
+            for name in entry.get("Names") or ():
+                if Owner.parse(name) is not None:
+                    ours.append((entry["Id"], name.lstrip("/")))
+        return ours
+
+    def gc_containers(self, *, include_kept: bool = False, include_other_hosts: bool = False) -> list[str]:
+        """Remove containers of ours whose run is gone; returns their names.
+
+        A container is left alone while the process that made it runs, when it was kept on
+        purpose (unless `include_kept`), or when it was made on another host (unless
+        `include_other_hosts`: its owner cannot be checked from here)."""
+        removed = []
+        for container_id, name in self.our_containers():
+            owner = Owner.parse(name)
+            assert owner is not None
+            if owner.kept and not include_kept:
+                continue
+            if not owner.here and not include_other_hosts:
+                continue
+            if owner.here and owner.alive():
+                continue
+            try:
+                self.client.api.remove_container(container_id, force=True, v=True)
+            except docker.errors.NotFound:
+                continue
+            except docker.errors.APIError as exc:
+                if "already in progress" in str(exc):  # another run is collecting it right now
+                    continue
+                raise
+            removed.append(name)
+        return removed
+
+    def remove_container(self, name_or_id: str) -> None:
+        """Force-remove a container with its anonymous volumes; gone already is fine."""
+        try:
+            self.client.api.remove_container(name_or_id, force=True, v=True)
+        except docker.errors.NotFound:
+            pass
+
+    def create_container(self, image_id: str, *, name: str, **options: Any) -> Any:
+        """Create a container named `name`, networking off. If the call does not return (SIGTERM
+        mid-call, a lost connection), the engine may still have made it: it is removed by name,
+        since its id never arrived."""
+        try:
+            return self.client.containers.create(image_id, name=name, network_mode="none", **options)
+        except BaseException:
+            try:
+                self.remove_container(name)
+            except Exception:
+                pass  # the original error says more
+            raise
+
+    # --- an image run with its own entrypoint -------------------------------------------
+    @contextmanager
+    def started(
+        self, image_id: str, *, role: str, command: Sequence[str], env: Mapping[str, str], gpus: bool,
+    ) -> Iterator[StartedContainer]:
+        """Create and start a container of `image_id` (its own entrypoint, networking off);
+        remove it when the block ends, however it ends (SIGTERM included)."""
+        with terminate_raises():
+            try:
+                container = self.create_container(
+                    image_id,
+                    name=container_name(role),
+                    command=list(command),
+                    environment=dict(env),
+                    device_requests=[docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])] if gpus else None,
+                )
+            except docker.errors.ImageNotFound as exc:
+                raise TargetNotFound(f"image {image_id} not found on the engine at {self.host}") from exc
+            handle = StartedContainer(container, image_id=image_id, gpus=gpus)
+            try:
+                with handle.engine_errors():
+                    container.start()
+                yield handle
+            finally:
+                if not keep_requested():
+                    self.remove_container(container.id)
+
+
+class StartedContainer:
+    """A running container of an image's own entrypoint: its id, its state, its log."""
+
+    def __init__(self, container: Any, *, image_id: str, gpus: bool) -> None:
+        self._container = container
+        self.id: str = container.id
+        self.image_id = image_id
+        self._gpus = gpus
+
+    def state(self) -> ContainerState:
+        with self.engine_errors():
+            self._container.reload()
+        if self._container.status in ("running", "created", "restarting"):
+            return ContainerState(running=True, exit_code=None)
+        return ContainerState(running=False, exit_code=int(self._container.attrs["State"]["ExitCode"]))
+
+    def logs(self) -> str:
+        with self.engine_errors():
+            raw = self._container.logs(stdout=True, stderr=True)
+        return raw.decode("utf-8", "replace")
+
+    @contextmanager
+    def engine_errors(self) -> Iterator[None]:
+        try:
+            yield
+        except docker.errors.APIError as exc:
+            raise EnvironmentProblem(
+                f"could not run image {self.image_id}: {reason(exc)}",
+                hint="a GPU run needs the NVIDIA container toolkit on the engine's host" if self._gpus else None,
+            ) from exc
+
+
+def gc_containers(engine: DockerEngine | None = None, *, include_kept: bool = True) -> list[str]:
+    """What `dspark-patch gc` runs: remove every container of ours whose run is gone,
+    including kept ones (the user asked to clean up). Returns the removed containers' names."""
+    return (engine or DockerEngine()).gc_containers(include_kept=include_kept)
+
+
+def _list_containers(api: Any, name: str) -> list[dict[str, Any]]:
+    # The engine's list call itself can answer "No such container" when a container is being
+    # removed while it lists (seen with dockerd 20.10 under concurrent runs); list again.
+    for attempt in range(5):
+        try:
+            return api.containers(all=True, filters={"name": name})
+        except docker.errors.NotFound:
+            if attempt == 4:
+                raise
+            time.sleep(0.05 * (attempt + 1))
+    return []
+
+
+def _split_tag(name: str) -> tuple[str, str]:
+    # "host:5000/repo:tag" -> ("host:5000/repo", "tag"); no tag -> "latest".
+    repository, sep, tag = name.rpartition(":")
+    if not sep or "/" in tag:
+        return name, "latest"
+    return repository, tag
+
+
+def reason(exc: BaseException) -> str:
+    """The engine's own explanation of a failed call, for one-line messages."""
+    if isinstance(exc, docker.errors.APIError) and exc.explanation:
+        return str(exc.explanation)
+    return str(exc).strip() or type(exc).__name__
