@@ -16,6 +16,7 @@ import uuid
 
 import pytest
 
+from dspark_patch.errors import BadInput, TargetNotFound
 from dspark_patch.registry.index import (
     DOCKER_LIST,
     OCI_INDEX,
@@ -26,9 +27,14 @@ from dspark_patch.registry.index import (
     republish,
 )
 from dspark_patch.registry.platform import Platform, UnknownPlatform, select
-from dspark_patch.errors import BadInput, TargetNotFound
-from tests.support.index import INDEX_ANNOTATIONS, PLATFORMS, _attestation, _push_image, publish_index
 from tests.support.images import ROOT
+from tests.support.index import (
+    INDEX_ANNOTATIONS,
+    PLATFORMS,
+    _attestation,
+    _push_image,
+    publish_index,
+)
 from tests.support.registry import loopback_registry
 
 AMD64 = Platform(os="linux", architecture="amd64")
@@ -68,7 +74,7 @@ def tiny(registry, tmp_path_factory):
             try:
                 _push_image(local, remote)
             finally:
-                subprocess.run(["docker", "rmi", local], capture_output=True)
+                subprocess.run(["docker", "rmi", local], check=False, capture_output=True)
             pushed[f"{generation}-{platform.split('/')[1]}"] = reg.fetch(remote)
     return pushed
 
@@ -107,7 +113,7 @@ def test_the_engine_pulls_the_arm64_image_through_the_index(registry, tiny):
                               check=True, capture_output=True, text=True).stdout.strip()
         assert arch == "arm64"
     finally:
-        subprocess.run(["docker", "rmi", ref], capture_output=True)
+        subprocess.run(["docker", "rmi", ref], check=False, capture_output=True)
 
 
 def test_attestation_manifests_are_listed_but_are_not_platforms(registry, tiny):

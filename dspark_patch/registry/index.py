@@ -17,8 +17,9 @@ from __future__ import annotations
 import hashlib
 import json
 import tempfile
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import oras.container
 import oras.provider

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from dspark_patch.errors import BadInput
 
@@ -21,7 +22,7 @@ class Platform:
     variant: str = ""
 
     @classmethod
-    def parse(cls, text: str) -> "Platform":
+    def parse(cls, text: str) -> Platform:
         """`linux/arm64`, `linux/arm64/v8` (the form `docker --platform` takes)."""
         parts = text.strip().split("/")
         if len(parts) not in (2, 3) or not all(parts):
@@ -29,7 +30,7 @@ class Platform:
         return cls(os=parts[0], architecture=parts[1], variant=parts[2] if len(parts) == 3 else "")
 
     @classmethod
-    def from_descriptor(cls, platform: Mapping[str, Any]) -> "Platform":
+    def from_descriptor(cls, platform: Mapping[str, Any]) -> Platform:
         return cls(
             os=str(platform.get("os", "")),
             architecture=str(platform.get("architecture", "")),
@@ -39,7 +40,7 @@ class Platform:
     def __str__(self) -> str:
         return "/".join(p for p in (self.os, self.architecture, self.variant) if p)
 
-    def matches(self, wanted: "Platform") -> bool:
+    def matches(self, wanted: Platform) -> bool:
         """`linux/arm64` asks for any arm64 variant; `linux/arm64/v8` for that one only.
 
         Registries write arm64 with and without `v8`; both mean the same machines.

@@ -116,4 +116,4 @@ def publish_index(registry_host: str, *, repository: str = "dspark-patch/vllm-fi
                           images=tuple(m for m, _ in images))
 
 
-__all__ = ["PublishedIndex", "publish_index", "arm64_fixture_image", "OCI_INDEX", "DOCKER_LIST"]
+__all__ = ["DOCKER_LIST", "OCI_INDEX", "PublishedIndex", "arm64_fixture_image", "publish_index"]
