@@ -13,7 +13,10 @@ from __future__ import annotations
 import functools
 import json
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 from dspark_patch.registry.index import (
     DOCKER_LIST,
@@ -25,6 +28,7 @@ from dspark_patch.registry.index import (
     digest_of,
 )
 from tests.support.images import ROOT, fixture_image
+from tests.support.registry import loopback_registry
 
 # What the published index says about itself (kept by republish, checked by tests).
 INDEX_ANNOTATIONS = {
@@ -114,6 +118,14 @@ def publish_index(registry_host: str, *, repository: str = "dspark-patch/vllm-fi
     pushed = registry.push(f"{base}:{tag}", body, kind)
     return PublishedIndex(ref=f"{base}:{tag}", media_type=kind, digest=pushed.digest,
                           images=tuple(m for m, _ in images))
+
+
+@contextmanager
+def fixture_index(workdir: Path, *, kind: str = DOCKER_LIST, attestation: bool = False) -> Iterator[PublishedIndex]:
+    """A fresh loopback registry holding the two-platform fixture index (for a module fixture:
+    pushing both images takes a few minutes on a shared 2-core machine)."""
+    with loopback_registry(workdir) as host:
+        yield publish_index(host, kind=kind, attestation=attestation)
 
 
 __all__ = ["DOCKER_LIST", "OCI_INDEX", "PublishedIndex", "arm64_fixture_image", "publish_index"]
