@@ -90,3 +90,23 @@ def replace_file(path: Path, data: bytes) -> None:
     tmp.write_bytes(data)
     shutil.copymode(path, tmp)
     os.replace(tmp, path)
+
+
+def platform_wheel(version: str, platform: str) -> Path:
+    """The real vllm==VERSION wheel for another platform (e.g. manylinux_2_28_aarch64), cached.
+
+    Kept in a folder of its own: `wheel()` globs `wheels/vllm-VERSION-*.whl` for the host's.
+    """
+    wheels = CACHE / "wheels" / platform
+    with _locked(f"wheel-{version}-{platform}"):
+        found = sorted(wheels.glob(f"vllm-{version}-*.whl"))
+        if not found:
+            wheels.mkdir(parents=True, exist_ok=True)
+            subprocess.run(
+                [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
+                 "--disable-pip-version-check", "--platform", platform, "--only-binary=:all:",
+                 f"vllm=={version}", "-d", str(wheels)],
+                check=True,
+            )
+            found = sorted(wheels.glob(f"vllm-{version}-*.whl"))
+    return found[0]
