@@ -280,6 +280,8 @@ def from_json_dict(d: dict[str, Any]) -> AuditReport:
             missing=integ.strs("missing"),
             not_checked=integ.strs("not_checked"),
             stale_bytecode=integ.strs("stale_bytecode"),
+            # Absent in reports written before `added` existed.
+            added=integ.strs("added") if "added" in integ.data else (),
         ),
         layer=None
         if layer is None
