@@ -170,21 +170,31 @@ def test_status_of_a_fleet_reads_every_image_without_starting_or_leaving_anythin
         assert r["id"] == ids_before[fleet[kind]] and r["error"] is None
     assert "no vllm in image" in rows["no-vllm"]["error"] and rows["no-vllm"]["exit_code"] == 1
 
-    # Nothing on the engine changed: same images and tags, no container of ours left, and no
-    # container made from the fleet's own images was ever started.
+    # Nothing on the engine changed: same images and tags, no container of ours left; several
+    # images are read from one save of their layers, so no container was even made from them.
     after = _docker("images", "-a", "--no-trunc", "--format", "{{.ID}} {{.Repository}}:{{.Tag}}")
-    for line in images_before.splitlines():
-        if any(ref in line for ref in ours):
-            assert line in after.splitlines()
+    assert [l for l in images_before.splitlines() if any(r in l for r in ours)] == \
+        [l for l in after.splitlines() if any(r in l for r in ours)]
     assert {ref: _docker("image", "inspect", "-f", "{{.Id}}", ref).strip() for ref in fleet.values()} == ids_before
     assert "dspark-patch--status--" not in _docker("ps", "-a", "--format", "{{.Names}}")
+    assert _container_events(since, until, {ids_before[ref] for ref in ours}) == []
+
+    # The other way of reading (a never-started container per image) says the same.
+    since = str(int(time.time()) - 1)
+    code, again = status_json(*(a for k in ("edited", "added") for a in ("--image", fleet[k])), "--via", "container")
+    until = str(int(time.time()) + 1)
+    assert code == 1 and [r | {"ref": None} for r in again["images"]] == [rows[k] | {"ref": None} for k in ("edited", "added")]
+    assert "dspark-patch--status--" not in _docker("ps", "-a", "--format", "{{.Names}}")
+    touched = _container_events(since, until, {ids_before[fleet[k]] for k in ("edited", "added")})
+    actions = {line.split()[0] for line in touched}
+    # Made, read through the archive API, removed: never started, nothing executed in it.
+    assert "destroy" in actions and actions <= {"create", "archive-path", "destroy"}, touched
+
+
+def _container_events(since: str, until: str, image_ids: set[str]) -> list[str]:
     events = _docker("events", "--since", since, "--until", until, "--filter", "type=container",
                      "--format", "{{.Action}} {{.From}}")
-    ours_ids = {ids_before[ref] for ref in ours}
-    touched = [line for line in events.splitlines() if any(i in line for i in ours_ids)]
-    # Made, read through the archive API, removed: never started, nothing executed in it.
-    actions = {line.split()[0] for line in touched}
-    assert "destroy" in actions and actions <= {"create", "archive-path", "destroy"}, touched
+    return [line for line in events.splitlines() if any(i in line for i in image_ids)]
 
 
 @pytest.mark.docker

@@ -33,7 +33,8 @@ def status(
     root: Annotated[Optional[list[Path]], typer.Option("--root", help="A local site-packages folder; repeat for many.")] = None,
     platform: Annotated[Optional[str], typer.Option("--platform", help="os/arch passed to the engine when it makes the (never started) container.")] = None,
     pull: Annotated[str, typer.Option("--pull", help="never (default: read only what the engine has), missing, always.")] = "never",
-    jobs: Annotated[int, typer.Option("--jobs", min=1, max=64, help="Images read at once.")] = 4,
+    jobs: Annotated[int, typer.Option("--jobs", min=1, max=64, help="Images read at once (--via container).")] = 4,
+    via: Annotated[str, typer.Option("--via", help="auto (default: container for one image, layers for several), layers (one save of all images' layers: a layer shared by many is read once) or container (a never-started container per image, read through the archive API).")] = "auto",
     as_json: common.JsonOpt = False,
     report_dir: Annotated[Optional[Path], typer.Option("--report-dir", help="Write status.json, status.md and junit.xml here.")] = None,
     junit: common.JunitOpt = None,
@@ -42,6 +43,8 @@ def status(
 
     Exit 0: every image read and clean; 1: an image has unexplained, missing or added files, a
     drifted or partial patch set, or no vLLM; 2: bad input (a missing image); 3: the engine."""
+    if via not in ("auto", "layers", "container"):
+        raise BadInput(f"--via {via!r}: choose auto, layers or container")
     if pull not in ("never", "missing", "always"):
         raise BadInput(f"--pull {pull!r}: choose never, missing or always")
     refs = tuple(image or ())
@@ -50,7 +53,7 @@ def status(
     roots = tuple(str(r) for r in root or ())
     if not refs and not roots:
         raise BadInput("give at least one --image REF, --images-from FILE or --root DIR", hint="see dspark-patch status --help")
-    request = StatusRequest(images=refs, roots=roots, platform=platform, pull=pull, jobs=jobs)  # type: ignore[arg-type]
+    request = StatusRequest(images=refs, roots=roots, platform=platform, pull=pull, jobs=jobs, via=via)  # type: ignore[arg-type]
     fleet = run_status(request, on_progress=_progress(not as_json))
     _write(fleet, report_dir, junit)
     if as_json:

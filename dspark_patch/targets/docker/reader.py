@@ -25,15 +25,13 @@ folder), on a loaded 2-core machine (`bench/status_fleet.py` prints the current 
 from __future__ import annotations
 
 import base64
-import csv
-import email.parser
-import hashlib
+from dataclasses import replace
 import io
 import json
 import posixpath
 import re
 import tarfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import docker.errors
@@ -42,6 +40,7 @@ import requests.exceptions
 from ...errors import EnvironmentProblem, TargetNotFound
 # Our container naming is shared with `gc`; the lead moves these into targets/docker/ at merge.
 from ..image import DockerEngine, _container_name, _reason
+from ..layerfs import Entry, LayerIndexer, merge, site_files
 from ..sitefiles import SiteFiles
 
 PYTHON_MINORS = tuple(range(14, 5, -1))   # newest first: 3.14 … 3.6
@@ -146,7 +145,7 @@ class ImageReader:
             raise TargetNotFound(f"{path} vanished from image {self.ref}") from None
         except docker.errors.APIError as exc:
             raise EnvironmentProblem(f"reading {path} in image {self.ref} failed: {_reason(exc)}") from exc
-        return tarfile.open(fileobj=io.BufferedReader(_ChunkReader(chunks), 1 << 20), mode="r|")
+        return tarfile.open(fileobj=io.BufferedReader(_ChunkReader(chunks), 1 << 20), mode="r|", bufsize=1 << 20)
 
     # --- locating ----------------------------------------------------------------------------
     def site_candidates(self) -> list[str]:
@@ -192,48 +191,73 @@ class ImageReader:
                              f"and the usual prefixes)", hint=f"list images that have {distribution} installed")
 
     def _read(self, site: str, distribution: str) -> SiteFiles:
-        top = _normalize(distribution)
-        own = lambda first: first == top or (first.endswith(".dist-info") and _normalize(first.split("-")[0]) == top)  # noqa: E731
-        hashes: dict[str, str] = {}
-        others: list[str] = []
-        top_level: list[str] = []
-        records: dict[str, bytes] = {}
-        metadata: bytes | None = None
+        # The archive's names start with the folder's own name: index them under its parent.
         with self._stream(site) as tar:
-            for member in tar:
-                rel = member.name.partition("/")[2]  # the archive's names start with the folder's own name
-                if not rel:
+            view = merge([LayerIndexer(distribution).index(tar, prefix=posixpath.dirname(site))])
+        found = site_files(view, distribution, prefer=[site])
+        if found is None:
+            raise TargetNotFound(f"{site}/{_normalize(distribution)} in image {self.ref} has no {distribution} dist-info "
+                                 "(METADATA, RECORD)", hint="the package was not installed as a distribution; nothing to check it against")
+        return found if found.python else replace(found, python=self._python_for(site))
+
+
+def save_views(engine: DockerEngine, image_ids: Sequence[str], distribution: str) -> dict[str, dict[str, Entry]]:
+    """Every image's merged view from ONE `docker save` of all of them (shared layers come once).
+
+    Nothing is created on the engine. Layers are indexed as they stream past (their order in
+    the archive is the engine's); manifest.json says which layers, bottom first, make which image."""
+    api = engine.client.api
+    try:
+        # docker-py saves one image per call; the engine's endpoint takes many names at once.
+        response = api._get(api._url("/images/get"), params={"names": list(image_ids)}, stream=True)
+        api._raise_for_status(response)
+    except docker.errors.APIError as exc:
+        raise EnvironmentProblem(f"reading the images' layers failed: {_reason(exc)}") from exc
+    except requests.exceptions.RequestException as exc:
+        raise EnvironmentProblem(f"reading the images' layers failed: {exc}") from exc
+    indexer = LayerIndexer(distribution)
+    layers: dict[str, dict[str, Entry]] = {}
+    manifest: list[dict[str, Any]] = []
+    try:
+        stream = io.BufferedReader(_ChunkReader(response.iter_content(1 << 20)), 1 << 20)
+        with tarfile.open(fileobj=stream, mode="r|", bufsize=1 << 20) as outer:
+            for member in outer:
+                if not member.isfile():
                     continue
-                first, sep, rest = rel.partition("/")
-                if not sep:
-                    if not member.isdir():
-                        top_level.append(rel)
+                fh = outer.extractfile(member)
+                assert fh is not None
+                if member.name == "manifest.json":
+                    manifest = json.loads(fh.read())
                     continue
-                if first.endswith(".dist-info") and rest in ("RECORD", "METADATA") and member.isfile():
-                    data = _read_member(tar, member)
-                    if rest == "RECORD":
-                        records[first] = data
-                    elif own(first):
-                        metadata = data
-                    if own(first):
-                        hashes[rel] = hashlib.sha256(data).hexdigest()
+                try:  # layers (plain or gzip); configs and OCI manifests are JSON and fail here
+                    inner = tarfile.open(fileobj=fh, mode="r|*", bufsize=1 << 20)
+                except tarfile.TarError:
                     continue
-                if not own(first) or member.isdir():
-                    continue
-                if member.isfile():
-                    hashes[rel] = _hash_member(tar, member)
-                else:
-                    others.append(rel)
-        own_infos = [name for name in records if own(name)]
-        if metadata is None or not own_infos:
-            raise TargetNotFound(f"{site}/{top} in image {self.ref} has no {distribution} dist-info (METADATA, RECORD)",
-                                 hint="the package was not installed as a distribution; nothing to check it against")
-        meta = email.parser.BytesParser().parsebytes(metadata, headersonly=True)
-        record = tuple((row[0], _hex(row[1] if len(row) > 1 else "")) for row in _rows(records[own_infos[0]]))
-        listed = frozenset(row[0] for data in records.values() for row in _rows(data))
-        return SiteFiles(location=site, distribution=str(meta["Name"] or distribution), release=str(meta["Version"] or ""),
-                         python=self._python_for(site), record=record, hashes=hashes, others=tuple(sorted(others)),
-                         top_level=tuple(sorted(top_level)), listed_anywhere=listed)
+                with inner:
+                    layers[member.name] = indexer.index(inner)
+    except (tarfile.TarError, requests.exceptions.RequestException) as exc:
+        raise EnvironmentProblem(f"reading the images' layers failed: {exc}") from exc
+    finally:
+        response.close()
+    views = {}
+    for entry in manifest:
+        config = posixpath.basename(entry.get("Config", "")).removesuffix(".json")
+        image_id = next((i for i in image_ids if i.removeprefix("sha256:") == config), None)
+        if image_id is not None:
+            views[image_id] = merge(layers.get(name, {}) for name in entry.get("Layers") or ())
+    return views
+
+
+def preferred_sites(config: dict[str, Any]) -> list[str]:
+    """Site folders in the order the image's PATH (and VIRTUAL_ENV) would reach them."""
+    env = dict(e.split("=", 1) for e in config.get("Env") or () if "=" in e)
+    sites = []
+    for entry in [env.get("VIRTUAL_ENV", "") + "/bin", *env.get("PATH", "").split(":")]:
+        if entry.endswith("/bin") and entry != "/bin":
+            prefix = posixpath.dirname(entry)
+            for minor in PYTHON_MINORS:
+                sites += [f"{prefix}/lib/python3.{minor}/site-packages", f"{prefix}/lib/python3.{minor}/dist-packages"]
+    return [*sites, "/usr/lib/python3/dist-packages"]
 
 
 def pull(engine: DockerEngine, ref: str, *, missing_only: bool, platform: str | None) -> None:
@@ -247,32 +271,3 @@ def pull(engine: DockerEngine, ref: str, *, missing_only: bool, platform: str | 
         raise cls(f"pulling {ref} failed: {_reason(exc)}") from None
     except requests.exceptions.RequestException as exc:
         raise EnvironmentProblem(f"pulling {ref} failed: {exc}") from None
-
-
-def _read_member(tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
-    fh = tar.extractfile(member)
-    assert fh is not None
-    return fh.read()
-
-
-def _hash_member(tar: tarfile.TarFile, member: tarfile.TarInfo) -> str:
-    fh = tar.extractfile(member)
-    assert fh is not None
-    digest = hashlib.sha256()
-    for chunk in iter(lambda: fh.read(1 << 20), b""):
-        digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _rows(data: bytes) -> list[list[str]]:
-    try:
-        return [row for row in csv.reader(io.StringIO(data.decode("utf-8"))) if row]
-    except (UnicodeDecodeError, csv.Error):
-        return []
-
-
-def _hex(field: str) -> str | None:
-    algo, _, value = field.partition("=")
-    if algo != "sha256" or not value:
-        return None
-    return base64.urlsafe_b64decode(value + "=" * (-len(value) % 4)).hex()
