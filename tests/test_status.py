@@ -104,6 +104,14 @@ def test_bad_images_from_file_is_one_line_exit_2(tmp_path: Path) -> None:
     assert "cannot read it" in line
 
 
+def test_unreachable_engine_is_exit_3_and_bad_flags_are_exit_2(tmp_path: Path) -> None:
+    line = run("status", "--image", "any:1", env={"DOCKER_HOST": f"unix://{tmp_path}/no.sock"}).assert_clean_error(3)
+    assert "cannot reach a Docker engine" in line
+    line = run("status", "--image", "any:1", "--via", "layers", "--platform", "linux/arm64").assert_clean_error(2)
+    assert "--via container" in line
+    assert "at least one --image" in run("status").assert_clean_error(2)
+
+
 # --- pure pieces: layer stacking, states without a variant, missing files ----------------------
 def _layer(files: dict[str, bytes | None], indexer) -> dict:
     """A layer tar in memory: bytes for a file, None for a whiteout of that path."""
@@ -227,8 +235,8 @@ def test_status_of_a_fleet_reads_every_image_without_starting_or_leaving_anythin
     # Nothing on the engine changed: same images and tags, no container of ours left; several
     # images are read from one save of their layers, so no container was even made from them.
     after = _docker("images", "-a", "--no-trunc", "--format", "{{.ID}} {{.Repository}}:{{.Tag}}")
-    assert [l for l in images_before.splitlines() if any(r in l for r in ours)] == \
-        [l for l in after.splitlines() if any(r in l for r in ours)]
+    assert [line for line in images_before.splitlines() if any(r in line for r in ours)] == \
+        [line for line in after.splitlines() if any(r in line for r in ours)]
     assert {ref: _docker("image", "inspect", "-f", "{{.Id}}", ref).strip() for ref in fleet.values()} == ids_before
     assert "dspark-patch--status--" not in _docker("ps", "-a", "--format", "{{.Names}}")
     assert _container_events(since, until, {ids_before[ref] for ref in ours}) == []

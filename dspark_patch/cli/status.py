@@ -14,7 +14,7 @@ from rich.table import Table
 
 from ..errors import BadInput
 from ..report.status_model import FleetStatus, ImageStatus
-from ..status.fleet import PullPolicy, StatusRequest, read_refs_file, status as run_status
+from ..status.fleet import StatusRequest, read_refs_file, status as run_status
 from . import common, output
 
 _err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -45,6 +45,8 @@ def status(
     drifted or partial patch set, or no vLLM; 2: bad input (a missing image); 3: the engine."""
     if via not in ("auto", "layers", "container"):
         raise BadInput(f"--via {via!r}: choose auto, layers or container")
+    if via == "layers" and platform is not None:
+        raise BadInput("--platform is passed to the container the engine creates; it needs --via container (or auto)")
     if pull not in ("never", "missing", "always"):
         raise BadInput(f"--pull {pull!r}: choose never, missing or always")
     refs = tuple(image or ())

@@ -71,7 +71,8 @@ def assess(site: SiteFiles, patchsets: Iterable[PatchSet]) -> Assessment:
         for path, expected in variant.files.items():
             post_images.setdefault(path, set()).add(expected.post_sha256)
 
-    unexplained, missing = [], []
+    unexplained: list[str] = []
+    missing: list[str] = []
     for path, sha256 in site.record:
         if sha256 is None or not _inside(path):
             continue  # RECORD itself and bytecode carry no hash; ../../bin/vllm is outside

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from .. import __version__
 from ..errors import BadInput, DsparkPatchError, TargetNotFound
@@ -20,6 +20,9 @@ from ..patchset import PatchSet, available
 from ..report.status_model import FleetStatus, ImageStatus
 from ..targets.sitefiles import SiteFiles
 from .assess import assess
+
+if TYPE_CHECKING:
+    from ..targets.image import DockerEngine
 
 DISTRIBUTION = "vllm"
 PullPolicy = Literal["never", "missing", "always"]
@@ -119,7 +122,9 @@ def _read_images(request: StatusRequest, patchsets: Sequence[PatchSet], progress
 
     # One image: its site folder through the archive API is the cheaper read (the engine sends
     # about half what a save of all its layers is). Several: one save shares their common layers.
-    via = request.via if request.via != "auto" else ("layers" if len(by_id) > 1 else "container")
+    # --platform is handed to the engine's create, so it needs the container route.
+    via = request.via if request.via != "auto" else (
+        "layers" if len(by_id) > 1 and request.platform is None else "container")
     if via == "layers" and by_id:
         return {**rows, **_read_layers(engine, by_id, patchsets, progress)}
 
@@ -145,7 +150,7 @@ def _read_images(request: StatusRequest, patchsets: Sequence[PatchSet], progress
     return rows
 
 
-def _read_layers(engine: object, by_id: dict[str, list[str]], patchsets: Sequence[PatchSet],
+def _read_layers(engine: DockerEngine, by_id: dict[str, list[str]], patchsets: Sequence[PatchSet],
                  progress: ProgressCallback) -> dict[str, ImageStatus]:
     """All images from one save of their layers: a layer shared by many is read once."""
     from ..targets.docker.reader import preferred_sites, save_views
@@ -155,14 +160,14 @@ def _read_layers(engine: object, by_id: dict[str, list[str]], patchsets: Sequenc
         for name in names:
             progress(name, "start", None)
     rows: dict[str, ImageStatus] = {}
+    failure: DsparkPatchError | None = None
+    views = {}
     try:
-        views = save_views(engine, list(by_id), DISTRIBUTION)  # type: ignore[arg-type]
+        views = save_views(engine, list(by_id), DISTRIBUTION)
     except DsparkPatchError as exc:
-        views, failure = {}, exc
-    else:
-        failure = None
+        failure = exc
     for image_id, names in by_id.items():
-        info = engine.image_info(image_id)  # type: ignore[attr-defined]
+        info = engine.image_info(image_id)
         extra: dict[str, str | None] = {"id": image_id, "platform": _platform(engine, image_id)}
         if failure is not None:
             row = _error_row(names[0], failure, **extra)
@@ -179,6 +184,6 @@ def _read_layers(engine: object, by_id: dict[str, list[str]], patchsets: Sequenc
     return rows
 
 
-def _platform(engine: object, image_id: str) -> str:
-    attrs = engine.client.images.get(image_id).attrs  # type: ignore[attr-defined]
+def _platform(engine: DockerEngine, image_id: str) -> str:
+    attrs = engine.client.images.get(image_id).attrs
     return "/".join(p for p in (attrs.get("Os") or "linux", attrs.get("Architecture"), attrs.get("Variant")) if p)

@@ -197,7 +197,8 @@ class ImageReader:
         found = site_files(view, distribution, prefer=[site])
         if found is None:
             raise TargetNotFound(f"{site}/{_normalize(distribution)} in image {self.ref} has no {distribution} dist-info "
-                                 "(METADATA, RECORD)", hint="the package was not installed as a distribution; nothing to check it against")
+                                 "(METADATA, RECORD)",
+                                 hint="the package was not installed as a distribution; nothing to check it against")
         return found if found.python else replace(found, python=self._python_for(site))
 
 
