@@ -17,6 +17,7 @@ from . import apply as apply_cmd
 from . import evaluate as evaluate_cmd
 from . import patches as patches_cmd
 from . import report as report_cmd
+from . import status as status_cmd
 from . import verify as verify_cmd
 from .output import error_line
 
@@ -47,7 +48,7 @@ def _options(
     """Options that come before the command."""
 
 
-for module in (apply_cmd, verify_cmd, patches_cmd, report_cmd, evaluate_cmd):
+for module in (apply_cmd, verify_cmd, status_cmd, patches_cmd, report_cmd, evaluate_cmd):
     module.register(app)
 
 

@@ -69,7 +69,7 @@ def summary(report: AuditReport, report_dir: Path | None) -> None:
     if report.integrity:
         i = report.integrity
         rows.append(("integrity", f"{i.checked} RECORD files checked, {len(i.mismatched)} mismatched, "
-                                  f"{len(i.missing)} missing, {len(i.not_checked)} outside the tree not checked"))
+                                  f"{len(i.missing)} missing, {len(i.added)} added, {len(i.not_checked)} outside the tree not checked"))
     if report.layer:
         rows.append(("layer", f"{len(report.layer.changes)} changes" + ("" if report.layer.ok else f", {len(report.layer.unexpected)} unexpected")))
     if report.result_image:

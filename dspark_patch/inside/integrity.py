@@ -3,9 +3,16 @@
 Usage: python -B -c SOURCE REQUEST_JSON, where the request is
   {"location": DIR, "record": "vllm-0.33.0.dist-info/RECORD",
    "skip": [paths checked elsewhere (the patched files)], "bytecode": [patched source paths]}
-Prints {"checked", "mismatched", "missing", "not_checked", "bytecode": {path: detail-or-""}}.
+Prints {"checked", "mismatched", "missing", "not_checked", "added", "bytecode": {path: detail-or-""}}.
 RECORD entries that point outside the location (a `--target` install records console scripts
 as ../../bin/vllm) are listed as not checked and never followed.
+
+What counts as *added* (`added_files`) is shared with `dspark-patch status`, which reads an
+image's files without running it and imports this module (stdlib only, no upward import):
+a file RECORD does not list inside the distribution's own top-level folders (its packages and
+its dist-info), bytecode of a listed module aside; and a `.pth` file in the site folder that no
+installed distribution's RECORD lists, because `site` runs such files' import lines at every
+interpreter start.
 """
 
 import base64
@@ -62,6 +69,90 @@ def check_record(location, record, skip):
     return {"checked": checked, "mismatched": mismatched, "missing": missing, "not_checked": not_checked}
 
 
+def own_folders(record_paths):
+    """The top-level folders a distribution installs into (its packages and dist-info)."""
+    folders = set()
+    for rel in record_paths:
+        first, sep, _ = rel.replace("\\", "/").partition("/")
+        if sep and first not in ("", ".", ".."):
+            folders.add(first)
+    return folders
+
+
+def _bytecode_source(rel):
+    """The module a bytecode path belongs to: a/__pycache__/m.cpython-311.pyc -> a/m.py, a/m.pyc -> a/m.py."""
+    if not rel.endswith(".pyc"):
+        return None
+    folder, _, name = rel.rpartition("/")
+    parent, _, last = folder.rpartition("/")
+    if last == "__pycache__":
+        stem = name.split(".", 1)[0]
+        return f"{parent + '/' if parent else ''}{stem}.py"
+    return rel[:-1]
+
+
+def added_files(present, listed, folders, pth_listed):
+    """Sorted paths (relative to the site folder) that count as added.
+
+    present: files found (own folders' files and the site folder's top-level files);
+    listed: paths this distribution's RECORD lists (plus files a patch legitimately adds);
+    folders: `own_folders(listed)`; pth_listed: paths any distribution's RECORD lists."""
+    listed = set(listed)
+    added = []
+    for rel in present:
+        first, sep, _ = rel.partition("/")
+        if not sep:
+            if rel.endswith(".pth") and rel not in pth_listed and rel not in listed:
+                added.append(rel)
+            continue
+        if first not in folders or rel in listed:
+            continue
+        if _bytecode_source(rel) in listed:
+            continue
+        added.append(rel)
+    return sorted(added)
+
+
+def _present_files(location, folders):
+    found = []
+    for folder in sorted(folders):
+        top = os.path.join(location, folder)
+        if os.path.islink(top) or not os.path.isdir(top):
+            continue
+        for dirpath, dirnames, filenames in os.walk(top):
+            rel_dir = os.path.relpath(dirpath, location).replace(os.sep, "/")
+            # A symlinked folder is an entry of its own, not a tree to walk into.
+            for name in [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
+                found.append(f"{rel_dir}/{name}")
+            dirnames[:] = [d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))]
+            found.extend(f"{rel_dir}/{name}" for name in filenames)
+    with os.scandir(location) as entries:
+        found.extend(e.name for e in entries if e.name.endswith(".pth") and not e.is_dir())
+    return found
+
+
+def _all_record_paths(location):
+    """Every path any distribution in the site folder lists in its RECORD."""
+    paths = set()
+    with os.scandir(location) as entries:
+        infos = [e.path for e in entries if e.name.endswith(".dist-info") and e.is_dir()]
+    for info in infos:
+        try:
+            with open(os.path.join(info, "RECORD"), newline="", encoding="utf-8") as fh:
+                paths.update(row[0] for row in csv.reader(fh) if row)
+        except (OSError, UnicodeDecodeError, csv.Error):
+            continue
+    return paths
+
+
+def check_added(location, record, extra_listed):
+    with open(os.path.join(location, record), newline="", encoding="utf-8") as fh:
+        listed = {row[0] for row in csv.reader(fh) if row}
+    listed.update(extra_listed)
+    folders = own_folders(listed)
+    return added_files(_present_files(location, folders), listed, folders, _all_record_paths(location))
+
+
 def check_bytecode(location, rel):
     """'' when the cached bytecode exists and is valid for the current source; else why not."""
     source_path = os.path.join(location, rel)
@@ -92,6 +183,7 @@ def check_bytecode(location, rel):
 def main(request):
     location = request["location"]
     result = check_record(location, request["record"], request.get("skip", []))
+    result["added"] = check_added(location, request["record"], request.get("skip", []))
     result["bytecode"] = {rel: check_bytecode(location, rel) for rel in request.get("bytecode", [])}
     return result
 

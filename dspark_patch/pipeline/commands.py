@@ -216,6 +216,7 @@ def _verify(request: VerifyRequest, target: Target, run: RunRecord) -> AuditRepo
         run.update(integrity=i)
         problems += [f"{p}: does not match RECORD" for p in i.mismatched]
         problems += [f"{p}: missing (listed in RECORD)" for p in i.missing]
+        problems += [f"{p}: added (not listed in RECORD)" for p in i.added]
         problems += list(i.stale_bytecode)
 
     if isinstance(target, ImageCapable):

@@ -155,7 +155,7 @@ def check_integrity(target: Target, dist: Distribution, diff: Diff) -> Integrity
         ) from None
     stale = tuple(f"{path}: {why}" for path, why in doc["bytecode"].items() if why)
     return IntegrityReport(checked=doc["checked"], mismatched=tuple(doc["mismatched"]), missing=tuple(doc["missing"]),
-                           not_checked=tuple(doc["not_checked"]), stale_bytecode=stale)
+                           not_checked=tuple(doc["not_checked"]), stale_bytecode=stale, added=tuple(doc["added"]))
 
 
 def bytecode_paths(plan: PatchPlan, dist: Distribution) -> list[str]:

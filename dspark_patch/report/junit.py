@@ -140,7 +140,8 @@ def check_cases(report: AuditReport) -> list[CheckCase]:
 
     i = report.integrity
     if i is not None:
-        bad = [*(f"differs: {p}" for p in i.mismatched), *(f"missing: {p}" for p in i.missing)]
+        bad = [*(f"differs: {p}" for p in i.mismatched), *(f"missing: {p}" for p in i.missing),
+               *(f"added: {p}" for p in i.added)]
         cases.append(
             CheckCase(
                 group="integrity",

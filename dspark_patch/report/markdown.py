@@ -174,6 +174,7 @@ def to_markdown(report: AuditReport) -> str:
         for label, paths in (
             ("❌ differ from RECORD", i.mismatched),
             ("❌ missing", i.missing),
+            ("❌ added (not in RECORD)", i.added),
             ("❌ stale bytecode", i.stale_bytecode),
             ("not checked (outside the distribution's folder, never followed)", i.not_checked),
         ):

@@ -128,6 +128,9 @@ class IntegrityReport:
     missing: tuple[str, ...] = ()
     not_checked: tuple[str, ...] = ()   # entries pointing outside `location`, never followed
     stale_bytecode: tuple[str, ...] = ()
+    # Files RECORD does not list inside the distribution's own folders, and .pth files in the
+    # site folder no distribution lists (rule: inside/integrity.py `added_files`).
+    added: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)

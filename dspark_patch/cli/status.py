@@ -1,0 +1,135 @@
+"""`dspark-patch status`: which images carry which patch sets, which are changed by hand."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from ..errors import BadInput
+from ..report.status_model import FleetStatus, ImageStatus
+from ..status.fleet import StatusRequest, read_refs_file, status as run_status
+from . import common, output
+
+_err = Console(stderr=True, highlight=False, soft_wrap=True)
+_out = Console(highlight=False, soft_wrap=True)
+
+_STATE_STYLE = {"applied": "green", "absent": "dim", "partial": "red", "drifted": "red", "not-applicable": "dim"}
+
+
+def register(app: typer.Typer) -> None:
+    app.command("status")(status)
+
+
+def status(
+    image: Annotated[Optional[list[str]], typer.Option("--image", help="An image reference; repeat for many.")] = None,
+    images_from: Annotated[Optional[Path], typer.Option("--images-from", help="A file with one image reference per line (# comments).")] = None,
+    root: Annotated[Optional[list[Path]], typer.Option("--root", help="A local site-packages folder; repeat for many.")] = None,
+    platform: Annotated[Optional[str], typer.Option("--platform", help="os/arch passed to the engine when it makes the (never started) container.")] = None,
+    pull: Annotated[str, typer.Option("--pull", help="never (default: read only what the engine has), missing, always.")] = "never",
+    jobs: Annotated[int, typer.Option("--jobs", min=1, max=64, help="Images read at once (--via container).")] = 4,
+    via: Annotated[str, typer.Option("--via", help="auto (default: container for one image, layers for several), layers (one save of all images' layers: a layer shared by many is read once) or container (a never-started container per image, read through the archive API).")] = "auto",
+    as_json: common.JsonOpt = False,
+    report_dir: Annotated[Optional[Path], typer.Option("--report-dir", help="Write status.json, status.md and junit.xml here.")] = None,
+    junit: common.JunitOpt = None,
+) -> None:
+    """Read-only audit of many images: vLLM release, each patch set's state, files changed or added by hand.
+
+    Exit 0: every image read and clean; 1: an image has unexplained, missing or added files, a
+    drifted or partial patch set, or no vLLM; 2: bad input (a missing image); 3: the engine."""
+    if via not in ("auto", "layers", "container"):
+        raise BadInput(f"--via {via!r}: choose auto, layers or container")
+    if via == "layers" and platform is not None:
+        raise BadInput("--platform is passed to the container the engine creates; it needs --via container (or auto)")
+    if pull not in ("never", "missing", "always"):
+        raise BadInput(f"--pull {pull!r}: choose never, missing or always")
+    refs = tuple(image or ())
+    if images_from is not None:
+        refs += read_refs_file(images_from)
+    roots = tuple(str(r) for r in root or ())
+    if not refs and not roots:
+        raise BadInput("give at least one --image REF, --images-from FILE or --root DIR", hint="see dspark-patch status --help")
+    request = StatusRequest(images=refs, roots=roots, platform=platform, pull=pull, jobs=jobs, via=via)  # type: ignore[arg-type]
+    fleet = run_status(request, on_progress=_progress(not as_json))
+    _write(fleet, report_dir, junit)
+    if as_json:
+        from ..report.status_render import to_status_json
+
+        output.print_json(to_status_json(fleet))
+    else:
+        _table(fleet)
+    raise typer.Exit(fleet.exit_code)
+
+
+def _progress(enabled: bool):
+    """One line per image: on a terminal when it finishes (with its verdict), in CI also when it starts."""
+    if not enabled:
+        return None
+    lock = threading.Lock()
+    terminal = _err.is_terminal
+
+    def show(ref: str, event: str, row: ImageStatus | None) -> None:
+        with lock:
+            if event == "start":
+                if not terminal:
+                    print(f"status: reading {ref}", file=sys.stderr, flush=True)
+                return
+            assert row is not None
+            from ..report.status_render import verdict
+
+            word = verdict(row)
+            if terminal:
+                colour = {"clean": "green", "changed": "red", "not read": "yellow"}[word]
+                _err.print(f"[{colour}]{word:>8}[/] {ref}")
+            else:
+                print(f"status: {ref}: {word}", file=sys.stderr, flush=True)
+
+    return show
+
+
+def _table(fleet: FleetStatus) -> None:
+    ids = fleet.patch_set_ids
+    table = Table(title=f"dspark-patch status: {len(fleet.images)} image(s) in {fleet.seconds:.1f}s", title_justify="left")
+    for column in ("image", "vLLM", "python", *ids, "unexplained", "missing", "added"):
+        table.add_column(column, overflow="fold")
+    for image in fleet.images:
+        if image.error:
+            table.add_row(image.ref, "[yellow]not read[/]", *([""] * (len(ids) + 4)))
+            continue
+        states = dict(image.patch_sets)
+        table.add_row(
+            image.ref, image.release or "", image.python or "",
+            *(f"[{_STATE_STYLE[states[i]]}]{states[i]}[/]" if i in states else "" for i in ids),
+            *(f"[red]{len(x)}[/]" if x else "0" for x in (image.unexplained, image.missing, image.added)),
+        )
+    _out.print(table)
+    for image in fleet.images:
+        if image.error:
+            _out.print(f"{image.ref}: not read: {image.error}", markup=False)
+        for label, paths in (("unexplained", image.unexplained), ("missing", image.missing), ("added", image.added)):
+            for path in paths:
+                _out.print(f"{image.ref}: {label}: {path}", markup=False)
+
+
+def _write(fleet: FleetStatus, report_dir: Path | None, junit: Path | None) -> None:
+    from ..report import render
+    from ..report.status_render import to_status_json, to_status_junit, to_status_markdown
+
+    if report_dir is not None:
+        report_dir.mkdir(parents=True, exist_ok=True)
+        render.write_text_atomic(report_dir / "status.json", to_status_json(fleet))
+        render.write_text_atomic(report_dir / "status.md", to_status_markdown(fleet))
+        render.write_text_atomic(report_dir / "junit.xml", to_status_junit(fleet))
+    if junit is not None:
+        junit.parent.mkdir(parents=True, exist_ok=True)
+        render.write_text_atomic(junit, to_status_junit(fleet))
+    summary_file = os.environ.get("GITHUB_STEP_SUMMARY", "").strip()
+    if summary_file:
+        with open(summary_file, "a", encoding="utf-8") as fh:
+            fh.write("\n" + to_status_markdown(fleet))

@@ -1,0 +1,58 @@
+"""The result of `dspark-patch status`: one row per image, frozen, built once.
+
+Renderers (JSON against `status.schema.json`, Markdown, JUnit) live in `report.status_render`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+STATUS_SCHEMA = "dspark-patch/status/v1"
+
+# applied: every file is its post-image; absent: every file is its pre-image; partial: some of
+# each; drifted: a file is neither; not-applicable: the patch set has no variant for the release.
+PatchSetState = Literal["applied", "absent", "partial", "drifted", "not-applicable"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ImageStatus:
+    ref: str
+    id: str | None = None                 # image id (sha256:...), None for a local folder or a missing image
+    platform: str | None = None           # "linux/amd64"
+    location: str | None = None           # the site folder vLLM was found in
+    release: str | None = None
+    python: str | None = None             # "3.11"
+    patch_sets: tuple[tuple[str, PatchSetState], ...] = ()
+    unexplained: tuple[str, ...] = ()     # differ from RECORD, no known patch set's post-image explains them
+    missing: tuple[str, ...] = ()         # listed in RECORD, not there
+    added: tuple[str, ...] = ()           # not in RECORD (rule: inside/integrity.py `added_files`)
+    error: str | None = None              # why the image could not be read (the row's only content then)
+    exit_code: int = 0                    # 0 clean, 1 findings or no vLLM, 2 bad reference, 3 engine
+
+    @property
+    def findings(self) -> bool:
+        return bool(self.unexplained or self.missing or self.added) or any(
+            state in ("partial", "drifted") for _, state in self.patch_sets)
+
+
+@dataclass(frozen=True, kw_only=True)
+class FleetStatus:
+    images: tuple[ImageStatus, ...]
+    tool_version: str
+    started_at: str
+    seconds: float
+    schema: str = STATUS_SCHEMA
+
+    @property
+    def exit_code(self) -> int:
+        # The worse class wins: an engine problem over bad input over findings.
+        return max((i.exit_code for i in self.images), default=0)
+
+    @property
+    def patch_set_ids(self) -> tuple[str, ...]:
+        seen: dict[str, None] = {}
+        for image in self.images:
+            for pid, _ in image.patch_sets:
+                seen.setdefault(pid)
+        return tuple(seen)

@@ -1,0 +1,94 @@
+"""The forms of a status result: JSON (checked against `status.schema.json`), Markdown for a CI
+step summary, JUnit with one test case per image."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from importlib import resources
+from typing import Any
+
+from dspark_patch.report.status_model import FleetStatus, ImageStatus
+
+
+def load_status_schema() -> dict[str, Any]:
+    return json.loads(resources.files("dspark_patch.report").joinpath("status.schema.json").read_text(encoding="utf-8"))
+
+
+def _row(image: ImageStatus) -> dict[str, Any]:
+    return {
+        "ref": image.ref, "id": image.id, "platform": image.platform, "release": image.release,
+        "python": image.python, "location": image.location, "patch_sets": dict(image.patch_sets),
+        "unexplained": list(image.unexplained), "missing": list(image.missing), "added": list(image.added),
+        "error": image.error, "exit_code": image.exit_code,
+    }
+
+
+def to_status_dict(fleet: FleetStatus) -> dict[str, Any]:
+    return {"schema": fleet.schema, "tool_version": fleet.tool_version, "started_at": fleet.started_at,
+            "seconds": fleet.seconds, "exit_code": fleet.exit_code, "images": [_row(i) for i in fleet.images]}
+
+
+def to_status_json(fleet: FleetStatus) -> str:
+    return json.dumps(to_status_dict(fleet), indent=2) + "\n"
+
+
+def verdict(image: ImageStatus) -> str:
+    if image.error:
+        return "not read"
+    return "changed" if image.findings else "clean"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def to_status_markdown(fleet: FleetStatus) -> str:
+    ids = fleet.patch_set_ids
+    mark = {0: "✅", 1: "❌", 2: "⚠️", 3: "⚠️"}
+    lines = ["## dspark-patch status", "",
+             f"{len(fleet.images)} image(s), exit code {fleet.exit_code}, {fleet.seconds:.1f}s.", "",
+             "| | image | vLLM | python | " + " | ".join(f"`{i}`" for i in ids) + " | unexplained | missing | added |",
+             "|---|---|---|---|" + "---|" * len(ids) + "---|---|---|"]
+    for image in fleet.images:
+        states = dict(image.patch_sets)
+        lines.append(f"| {mark[image.exit_code]} | `{_cell(image.ref)}` | {image.release or '–'} | {image.python or '–'} | "
+                     + " | ".join(states.get(i, "–") for i in ids)
+                     + f" | {len(image.unexplained)} | {len(image.missing)} | {len(image.added)} |")
+    for image in fleet.images:
+        if image.error or image.unexplained or image.missing or image.added:
+            lines += ["", f"### `{_cell(image.ref)}`", ""]
+            if image.error:
+                lines.append(f"not read: {_cell(image.error)}")
+            for label, paths in (("unexplained", image.unexplained), ("missing", image.missing), ("added", image.added)):
+                if paths:
+                    lines += [f"{label}:", *(f"- `{p}`" for p in paths)]
+    return "\n".join(lines) + "\n"
+
+
+def to_status_junit(fleet: FleetStatus) -> str:
+    failures = sum(1 for i in fleet.images if i.exit_code == 1)
+    errors = sum(1 for i in fleet.images if i.exit_code > 1)
+    suites = ET.Element("testsuites", name="dspark-patch status", tests=str(len(fleet.images)),
+                        failures=str(failures), errors=str(errors), time=f"{fleet.seconds:.3f}")
+    suite = ET.SubElement(suites, "testsuite", name="status", tests=str(len(fleet.images)),
+                          failures=str(failures), errors=str(errors), time=f"{fleet.seconds:.3f}")
+    for image in fleet.images:
+        case = ET.SubElement(suite, "testcase", classname="status", name=image.ref)
+        detail = [f"{pid}: {state}" for pid, state in image.patch_sets]
+        detail += [f"unexplained: {p}" for p in image.unexplained]
+        detail += [f"missing: {p}" for p in image.missing]
+        detail += [f"added: {p}" for p in image.added]
+        if image.exit_code == 0:
+            ET.SubElement(case, "system-out").text = "\n".join(detail)
+            continue
+        tag = "failure" if image.exit_code == 1 else "error"
+        if image.error:
+            message = image.error
+        else:
+            bad = [f"{pid} {s}" for pid, s in image.patch_sets if s in ("partial", "drifted")]
+            message = "; ".join([*bad, *(f"{len(x)} {name}" for name, x in (
+                ("unexplained", image.unexplained), ("missing", image.missing), ("added", image.added)) if x)])
+        ET.SubElement(case, tag, message=message).text = "\n".join(detail)
+    ET.indent(suites)
+    return ET.tostring(suites, encoding="unicode", xml_declaration=True) + "\n"

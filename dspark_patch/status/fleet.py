@@ -1,0 +1,189 @@
+"""Read many targets concurrently (bounded) and gather one `ImageStatus` row each.
+
+A failing target (a missing image, no vLLM, an engine error while reading it) becomes an
+error row and never stops the others. Images with the same id are read once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from .. import __version__
+from ..errors import BadInput, DsparkPatchError, TargetNotFound
+from ..patchset import PatchSet, available
+from ..report.status_model import FleetStatus, ImageStatus
+from ..targets.sitefiles import SiteFiles
+from .assess import assess
+
+if TYPE_CHECKING:
+    from ..targets.docker import DockerEngine
+
+DISTRIBUTION = "vllm"
+PullPolicy = Literal["never", "missing", "always"]
+Via = Literal["auto", "layers", "container"]
+Event = Literal["start", "done"]
+ProgressCallback = Callable[[str, Event, ImageStatus | None], None]
+
+
+@dataclass(frozen=True, kw_only=True)
+class StatusRequest:
+    images: tuple[str, ...] = ()
+    roots: tuple[str, ...] = ()
+    platform: str | None = None
+    pull: PullPolicy = "never"
+    jobs: int = 4
+    via: Via = "auto"
+
+
+def read_refs_file(path: Path) -> tuple[str, ...]:
+    """--images-from: one reference per line; blank lines and `#` comments ignored."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BadInput(f"--images-from {path}: cannot read it ({getattr(exc, 'strerror', None) or exc})",
+                       hint="give a text file with one image reference per line") from None
+    refs = []
+    for number, line in enumerate(text.splitlines(), 1):
+        ref = line.split("#", 1)[0].strip()
+        if not ref:
+            continue
+        if any(c.isspace() for c in ref):
+            raise BadInput(f"--images-from {path}:{number}: {ref!r} is not one image reference",
+                           hint="one reference per line")
+        refs.append(ref)
+    if not refs:
+        raise BadInput(f"--images-from {path}: no image references in it", hint="one reference per line")
+    return tuple(refs)
+
+
+def row_from_site(ref: str, site: SiteFiles, patchsets: Sequence[PatchSet], **extra: str | None) -> ImageStatus:
+    found = assess(site, patchsets)
+    row = ImageStatus(ref=ref, location=site.location, release=site.release, python=site.python,
+                      patch_sets=found.patch_sets, unexplained=found.unexplained, missing=found.missing,
+                      added=found.added, **extra)  # type: ignore[arg-type]
+    return replace(row, exit_code=1 if row.findings else 0)
+
+
+def _error_row(ref: str, exc: DsparkPatchError, **extra: str | None) -> ImageStatus:
+    # An image that is there but holds no vLLM was read: it is a finding (1), not bad input.
+    code = exc.exit_code
+    if isinstance(exc, TargetNotFound) and extra.get("id"):
+        code = 1
+    return ImageStatus(ref=ref, error=exc.line(), exit_code=code, **extra)  # type: ignore[arg-type]
+
+
+def status(request: StatusRequest, *, on_progress: ProgressCallback | None = None) -> FleetStatus:
+    started = datetime.now(timezone.utc)
+    clock = time.monotonic()
+    patchsets = [p for p in available() if not p.is_bare]
+    progress = on_progress or (lambda ref, event, row: None)
+    rows: dict[str, ImageStatus] = {}
+
+    for root in request.roots:
+        from ..targets.localview import read_site
+
+        progress(root, "start", None)
+        try:
+            rows[root] = row_from_site(root, read_site(Path(root), DISTRIBUTION), patchsets)
+        except DsparkPatchError as exc:
+            rows[root] = _error_row(root, exc)
+        progress(root, "done", rows[root])
+
+    if request.images:
+        rows.update(_read_images(request, patchsets, progress))
+    order = [*request.roots, *request.images]
+    return FleetStatus(images=tuple(rows[ref] for ref in dict.fromkeys(order)), tool_version=__version__,
+                       started_at=started.isoformat(timespec="seconds").replace("+00:00", "Z"),
+                       seconds=round(time.monotonic() - clock, 3))
+
+
+def _read_images(request: StatusRequest, patchsets: Sequence[PatchSet], progress: ProgressCallback) -> dict[str, ImageStatus]:
+    from ..targets.docker.reader import ImageReader, pull
+    from ..targets.docker import DockerEngine
+
+    engine = DockerEngine()  # unreachable: the whole command exits 3
+    refs = list(dict.fromkeys(request.images))
+    rows: dict[str, ImageStatus] = {}
+    by_id: dict[str, list[str]] = {}
+    for ref in refs:  # cheap: one inspect each; groups tags of one image so it is read once
+        try:
+            if request.pull != "never":
+                pull(engine, ref, missing_only=request.pull == "missing", platform=request.platform)
+            by_id.setdefault(engine.image_info(ref).id, []).append(ref)
+        except DsparkPatchError as exc:
+            rows[ref] = _error_row(ref, exc)
+            progress(ref, "done", rows[ref])
+
+    # One image: its site folder through the archive API is the cheaper read (the engine sends
+    # about half what a save of all its layers is). Several: one save shares their common layers.
+    # --platform is handed to the engine's create, so it needs the container route.
+    via = request.via if request.via != "auto" else (
+        "layers" if len(by_id) > 1 and request.platform is None else "container")
+    if via == "layers" and by_id:
+        return {**rows, **_read_layers(engine, by_id, patchsets, progress)}
+
+    def read_one(image_id: str, names: list[str]) -> ImageStatus:
+        ref = names[0]
+        for name in names:
+            progress(name, "start", None)
+        extra: dict[str, str | None] = {"id": image_id}
+        try:
+            with ImageReader(ref, engine=engine, platform=request.platform, image_id=image_id) as reader:
+                extra["platform"] = reader.image_platform
+                return row_from_site(ref, reader.read_site(DISTRIBUTION), patchsets, **extra)
+        except DsparkPatchError as exc:
+            return _error_row(ref, exc, **extra)
+
+    with ThreadPoolExecutor(max_workers=max(1, request.jobs), thread_name_prefix="status") as pool:
+        futures = {pool.submit(read_one, image_id, names): image_id for image_id, names in by_id.items()}
+        for future in as_completed(futures):
+            image_id, row = futures[future], future.result()
+            for name in by_id[image_id]:
+                rows[name] = replace(row, ref=name)
+                progress(name, "done", rows[name])
+    return rows
+
+
+def _read_layers(engine: DockerEngine, by_id: dict[str, list[str]], patchsets: Sequence[PatchSet],
+                 progress: ProgressCallback) -> dict[str, ImageStatus]:
+    """All images from one save of their layers: a layer shared by many is read once."""
+    from ..targets.docker.reader import preferred_sites, save_views
+    from ..targets.layerfs import site_files
+
+    for names in by_id.values():
+        for name in names:
+            progress(name, "start", None)
+    rows: dict[str, ImageStatus] = {}
+    failure: DsparkPatchError | None = None
+    views = {}
+    try:
+        views = save_views(engine, list(by_id), DISTRIBUTION)
+    except DsparkPatchError as exc:
+        failure = exc
+    for image_id, names in by_id.items():
+        info = engine.image_info(image_id)
+        extra: dict[str, str | None] = {"id": image_id, "platform": _platform(engine, image_id)}
+        if failure is not None:
+            row = _error_row(names[0], failure, **extra)
+        elif image_id not in views:
+            row = _error_row(names[0], TargetNotFound(f"the engine's save of {names[0]} holds no manifest for it"), **extra)
+        else:
+            site = site_files(views[image_id], DISTRIBUTION, prefer=preferred_sites(info.config))
+            row = (_error_row(names[0], TargetNotFound(f"no {DISTRIBUTION} in image {names[0]} (no site folder of any "
+                                                        f"python in its layers holds it)"), **extra)
+                   if site is None else row_from_site(names[0], site, patchsets, **extra))
+        for name in names:
+            rows[name] = replace(row, ref=name)
+            progress(name, "done", rows[name])
+    return rows
+
+
+def _platform(engine: DockerEngine, image_id: str) -> str:
+    attrs = engine.client.images.get(image_id).attrs
+    return "/".join(p for p in (attrs.get("Os") or "linux", attrs.get("Architecture"), attrs.get("Variant")) if p)

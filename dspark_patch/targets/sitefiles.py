@@ -1,0 +1,24 @@
+"""What a read-only view of a target hands to `dspark-patch status`: one site folder's files.
+
+A view (an image read through the engine's archive API, or a local folder) fills this in
+without running any code of the target; `status.assess` turns it into patch-set states and
+the integrity lists. Paths are posix and relative to `location`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, kw_only=True)
+class SiteFiles:
+    location: str                       # the site folder holding the distribution
+    distribution: str                   # its name as its METADATA spells it
+    release: str                        # its version (METADATA)
+    python: str | None                  # "3.11": the site folder's interpreter version, if known
+    record: tuple[tuple[str, str | None], ...]   # RECORD rows: (path, sha256 hex or None)
+    hashes: Mapping[str, str]           # sha256 hex of every regular file in the distribution's own folders
+    others: tuple[str, ...] = ()        # other entries there that are not regular files (symlinks, devices)
+    top_level: tuple[str, ...] = ()     # names of the site folder's top-level files (for .pth)
+    listed_anywhere: frozenset[str] = frozenset()  # paths any distribution's RECORD in the site folder lists

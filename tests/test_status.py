@@ -1,0 +1,268 @@
+"""`dspark-patch status` and verify's `added` check: on real vLLM 0.33.0 trees, and on a fleet of
+images built FROM the fixture on the real engine, read without starting any container."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from dspark_patch.report.status_render import load_status_schema
+from tests.support import images, vllm
+from tests.support.cli import run
+from tests.support.vllm import replace_file
+
+PY = sys.executable
+PATCH_ID = "dspark-skip-mtp-buffer"
+SITE = "/usr/local/lib/python3.11/dist-packages"   # the fixture's site folder (images/vllm-fixture)
+ENVS = "vllm/envs.py"
+MODEL = "vllm/models/deepseek_v4/nvidia/model.py"
+ELSEWHERE = "vllm/logger.py"
+
+
+def status_json(*args: str) -> tuple[int, dict]:
+    res = run("status", *args, "--json")
+    assert "Traceback" not in res.stderr, res.stderr
+    doc = json.loads(res.stdout)
+    jsonschema.Draft202012Validator(load_status_schema(), format_checker=jsonschema.FormatChecker()).validate(doc)
+    return res.returncode, doc
+
+
+def patched_tree(where: Path) -> Path:
+    tree = vllm.tree_copy("0.33.0", where)
+    res = run("apply", "--root", str(tree), "--python", PY, "--no-probe", "--report-dir", str(where.parent / "r"))
+    assert res.returncode == 0, res.stderr
+    return tree
+
+
+def add_hand_files(tree: Path) -> None:
+    (tree / "vllm" / "extra_hook.py").write_text("print('hello')\n")
+    (tree / "zz-hook.pth").write_text("import os\n")
+
+
+# --- local trees -------------------------------------------------------------------------------
+def test_status_of_real_trees_names_states_and_exact_files(tmp_path: Path) -> None:
+    fresh = vllm.tree_copy("0.33.0", tmp_path / "fresh" / "site-packages")
+    patched = patched_tree(tmp_path / "patched" / "site-packages")
+    edited = patched_tree(tmp_path / "edited" / "site-packages")
+    replace_file(edited / ENVS, (edited / ENVS).read_bytes() + b"# by hand\n")
+    elsewhere = vllm.tree_copy("0.33.0", tmp_path / "elsewhere" / "site-packages")
+    replace_file(elsewhere / ELSEWHERE, (elsewhere / ELSEWHERE).read_bytes() + b"# by hand\n")
+    added = patched_tree(tmp_path / "added" / "site-packages")
+    add_hand_files(added)
+    half = vllm.tree_copy("0.33.0", tmp_path / "half" / "site-packages")
+    replace_file(half / ENVS, (patched / ENVS).read_bytes())
+
+    code, doc = status_json(*(a for t in (fresh, patched, edited, elsewhere, added, half) for a in ("--root", str(t))))
+    rows = {Path(r["ref"]).parent.name: r for r in doc["images"]}
+    assert code == 1 and doc["exit_code"] == 1
+    assert {k: r["patch_sets"][PATCH_ID] for k, r in rows.items()} == {
+        "fresh": "absent", "patched": "applied", "edited": "drifted", "elsewhere": "absent",
+        "added": "applied", "half": "partial"}
+    assert {k: (r["unexplained"], r["missing"], r["added"]) for k, r in rows.items()} == {
+        "fresh": ([], [], []), "patched": ([], [], []), "edited": ([ENVS], [], []),
+        "elsewhere": ([ELSEWHERE], [], []), "added": ([], [], ["vllm/extra_hook.py", "zz-hook.pth"]),
+        "half": ([], [], [])}
+    assert all(r["release"] == "0.33.0" and r["error"] is None for r in rows.values())
+    assert [r["exit_code"] for r in doc["images"]] == [0, 0, 1, 1, 1, 1]
+
+
+def test_status_of_a_clean_tree_exits_0_and_writes_markdown_and_junit(tmp_path: Path) -> None:
+    tree = patched_tree(tmp_path / "t" / "site-packages")
+    res = run("status", "--root", str(tree), "--report-dir", str(tmp_path / "out"), "--junit", str(tmp_path / "j.xml"))
+    assert res.returncode == 0, res.stderr
+    assert "applied" in res.stdout
+    assert "| ✅ |" in (tmp_path / "out" / "status.md").read_text()
+    junit = (tmp_path / "j.xml").read_text()
+    assert junit.count("<testcase") == 1 and "<failure" not in junit
+    assert json.loads((tmp_path / "out" / "status.json").read_text())["images"][0]["patch_sets"][PATCH_ID] == "applied"
+
+
+def test_verify_fails_on_an_added_module_and_an_unlisted_pth(tmp_path: Path) -> None:
+    tree = patched_tree(tmp_path / "t" / "site-packages")
+    assert run("verify", "--root", str(tree), "--python", PY, "--no-probe", "--report-dir", str(tmp_path / "ok")).returncode == 0
+    add_hand_files(tree)
+    res = run("verify", "--root", str(tree), "--python", PY, "--no-probe", "--report-dir", str(tmp_path / "bad"))
+    assert res.returncode == 1, res.stderr
+    assert "vllm/extra_hook.py: added" in res.stderr and "zz-hook.pth: added" in res.stderr
+    audit = json.loads((tmp_path / "bad" / "audit.json").read_text())
+    assert audit["integrity"]["added"] == ["vllm/extra_hook.py", "zz-hook.pth"]
+
+
+def test_bad_images_from_file_is_one_line_exit_2(tmp_path: Path) -> None:
+    (tmp_path / "refs").write_text("# fleet\nfirst:1 second:2\n")
+    line = run("status", "--images-from", str(tmp_path / "refs")).assert_clean_error(2)
+    assert "refs:2" in line
+    line = run("status", "--images-from", str(tmp_path / "absent")).assert_clean_error(2)
+    assert "cannot read it" in line
+
+
+def test_unreachable_engine_is_exit_3_and_bad_flags_are_exit_2(tmp_path: Path) -> None:
+    line = run("status", "--image", "any:1", env={"DOCKER_HOST": f"unix://{tmp_path}/no.sock"}).assert_clean_error(3)
+    assert "cannot reach a Docker engine" in line
+    line = run("status", "--image", "any:1", "--via", "layers", "--platform", "linux/arm64").assert_clean_error(2)
+    assert "--via container" in line
+    assert "at least one --image" in run("status").assert_clean_error(2)
+
+
+# --- pure pieces: layer stacking, states without a variant, missing files ----------------------
+def _layer(files: dict[str, bytes | None], indexer) -> dict:
+    """A layer tar in memory: bytes for a file, None for a whiteout of that path."""
+    import io
+    import tarfile
+
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for path, data in files.items():
+            folder, _, name = path.rpartition("/")
+            info = tarfile.TarInfo(path if data is not None else f"{folder}/.wh.{name}")
+            info.size = len(data or b"")
+            tar.addfile(info, io.BytesIO(data or b""))
+    buffer.seek(0)
+    with tarfile.open(fileobj=buffer, mode="r|") as tar:
+        return indexer.index(tar)
+
+
+def test_layers_stack_the_oci_way_and_give_the_same_site_files_as_the_folder(tmp_path: Path) -> None:
+    from dspark_patch.targets.layerfs import LayerIndexer, merge, site_files
+    from dspark_patch.targets.localview import read_site
+
+    tree = vllm.tree_copy("0.33.0", tmp_path / "site-packages")
+    site = "usr/local/lib/python3.11/dist-packages"
+    info = "vllm-0.33.0.dist-info"
+    indexer = LayerIndexer("vllm")
+    base = _layer({f"{site}/{info}/{n}": (tree / info / n).read_bytes() for n in ("METADATA", "RECORD")}
+                  | {f"{site}/{ENVS}": (tree / ENVS).read_bytes(), f"{site}/vllm/gone.py": b"x\n",
+                     f"{site}/old.pth": b"import os\n"}, indexer)
+    top = _layer({f"{site}/vllm/gone.py": None, f"{site}/old.pth": None, f"{site}/new.pth": b"import os\n"}, indexer)
+    found = site_files(merge([base, top]), "vllm", prefer=[])
+    assert found is not None and (found.location, found.release, found.python) == (f"/{site}", "0.33.0", "3.11")
+    assert set(found.hashes) == {ENVS, f"{info}/METADATA", f"{info}/RECORD"}
+    assert found.hashes[ENVS] == read_site(tree, "vllm").hashes[ENVS]
+    assert found.top_level == ("new.pth",)
+    assert site_files(merge([top]), "vllm", prefer=[]) is None  # no vLLM in that layer alone
+
+
+def test_a_release_without_a_variant_is_not_applicable_and_a_deleted_file_is_missing(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from dspark_patch.patchset import available
+    from dspark_patch.status.assess import assess
+    from dspark_patch.targets.localview import read_site
+
+    tree = vllm.tree_copy("0.33.0", tmp_path / "site-packages")
+    (tree / ELSEWHERE).unlink()
+    site = read_site(tree, "vllm")
+    found = assess(site, available())
+    assert found.missing == (ELSEWHERE,) and found.unexplained == () and found.added == ()
+    other = assess(replace(site, release="0.32.0"), available())
+    assert dict(other.patch_sets)[PATCH_ID] == "not-applicable"
+
+
+# --- a fleet of images on the real engine ------------------------------------------------------
+def _docker(*args: str) -> str:
+    return subprocess.run(["docker", *args], check=True, capture_output=True, text=True).stdout
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory):
+    """Images FROM the fixture: patched, patched + hand edit, hand edit elsewhere, added files."""
+    fixture = images.fixture_image()
+    work = tmp_path_factory.mktemp("fleet")
+    post = patched_tree(work / "post" / "site-packages")
+    name = f"dspark-patch-test/status-{secrets.token_hex(4)}"
+    contents = {
+        "patched": {ENVS: (post / ENVS).read_bytes(), MODEL: (post / MODEL).read_bytes()},
+        "edited": {ENVS: (post / ENVS).read_bytes() + b"# by hand\n", MODEL: (post / MODEL).read_bytes()},
+        "elsewhere": {ELSEWHERE: (post / ELSEWHERE).read_bytes() + b"# by hand\n"},
+        "added": {"vllm/extra_hook.py": b"print('hello')\n", "zz-hook.pth": b"import os\n"},
+    }
+    refs = {"fixture": fixture}
+    try:
+        for kind, files in contents.items():
+            context = work / kind
+            lines = [f"FROM {fixture}"]
+            for i, (rel, data) in enumerate(files.items()):
+                (context / str(i)).parent.mkdir(parents=True, exist_ok=True)
+                (context / str(i)).write_bytes(data)
+                lines.append(f"COPY {i} {SITE}/{rel}")
+            (context / "Dockerfile").write_text("\n".join(lines) + "\n")
+            _docker("build", "--quiet", "--network", "none", "-t", f"{name}:{kind}", str(context))
+            refs[kind] = f"{name}:{kind}"
+        refs["no-vllm"] = images.no_vllm_image()
+        yield refs
+    finally:
+        for kind in contents:
+            subprocess.run(["docker", "rmi", "-f", f"{name}:{kind}"], capture_output=True, check=False)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+@pytest.mark.docker
+def test_status_of_a_fleet_reads_every_image_without_starting_or_leaving_anything(fleet: dict[str, str], tmp_path: Path) -> None:
+    ours = [fleet[k] for k in ("patched", "edited", "elsewhere", "added")]
+    ids_before = {ref: _docker("image", "inspect", "-f", "{{.Id}}", ref).strip() for ref in fleet.values()}
+    images_before = _docker("images", "-a", "--no-trunc", "--format", "{{.ID}} {{.Repository}}:{{.Tag}}")
+    since = str(int(time.time()) - 1)
+    (tmp_path / "refs").write_text("\n".join(fleet[k] for k in ("fixture", "patched", "edited", "elsewhere")) + "\n")
+
+    code, doc = status_json("--images-from", str(tmp_path / "refs"), "--image", fleet["added"],
+                            "--image", fleet["no-vllm"], "--jobs", "3")
+    until = str(int(time.time()) + 1)
+
+    rows = {next(k for k, v in fleet.items() if v == r["ref"]): r for r in doc["images"]}
+    # Rows in the order given: the --image options, then the file's lines.
+    assert code == 1 and list(rows) == ["added", "no-vllm", "fixture", "patched", "edited", "elsewhere"]
+    assert {k: r["patch_sets"].get(PATCH_ID) for k, r in rows.items()} == {
+        "fixture": "absent", "patched": "applied", "edited": "drifted", "elsewhere": "absent",
+        "added": "absent", "no-vllm": None}
+    assert {k: (r["unexplained"], r["missing"], r["added"]) for k, r in rows.items()} == {
+        "fixture": ([], [], []), "patched": ([], [], []), "edited": ([ENVS], [], []),
+        "elsewhere": ([ELSEWHERE], [], []), "added": ([], [], ["vllm/extra_hook.py", "zz-hook.pth"]),
+        "no-vllm": ([], [], [])}
+    for kind in ("fixture", "patched", "edited", "elsewhere", "added"):
+        r = rows[kind]
+        assert (r["release"], r["python"], r["location"], r["platform"]) == ("0.33.0", "3.11", SITE, "linux/amd64")
+        assert r["id"] == ids_before[fleet[kind]] and r["error"] is None
+    assert "no vllm in image" in rows["no-vllm"]["error"] and rows["no-vllm"]["exit_code"] == 1
+
+    # Nothing on the engine changed: same images and tags, no container of ours left; several
+    # images are read from one save of their layers, so no container was even made from them.
+    after = _docker("images", "-a", "--no-trunc", "--format", "{{.ID}} {{.Repository}}:{{.Tag}}")
+    assert [line for line in images_before.splitlines() if any(r in line for r in ours)] == \
+        [line for line in after.splitlines() if any(r in line for r in ours)]
+    assert {ref: _docker("image", "inspect", "-f", "{{.Id}}", ref).strip() for ref in fleet.values()} == ids_before
+    assert "dspark-patch--status--" not in _docker("ps", "-a", "--format", "{{.Names}}")
+    assert _container_events(since, until, {ids_before[ref] for ref in ours}) == []
+
+    # The other way of reading (a never-started container per image) says the same.
+    since = str(int(time.time()) - 1)
+    code, again = status_json(*(a for k in ("edited", "added") for a in ("--image", fleet[k])), "--via", "container")
+    until = str(int(time.time()) + 1)
+    assert code == 1 and [r | {"ref": None} for r in again["images"]] == [rows[k] | {"ref": None} for k in ("edited", "added")]
+    assert "dspark-patch--status--" not in _docker("ps", "-a", "--format", "{{.Names}}")
+    touched = _container_events(since, until, {ids_before[fleet[k]] for k in ("edited", "added")})
+    actions = {line.split()[0] for line in touched}
+    # Made, read through the archive API, removed: never started, nothing executed in it.
+    assert "destroy" in actions and actions <= {"create", "archive-path", "destroy"}, touched
+
+
+def _container_events(since: str, until: str, image_ids: set[str]) -> list[str]:
+    events = _docker("events", "--since", since, "--until", until, "--filter", "type=container",
+                     "--format", "{{.Action}} {{.From}}")
+    return [line for line in events.splitlines() if any(i in line for i in image_ids)]
+
+
+@pytest.mark.docker
+def test_status_of_a_missing_image_is_its_row_and_exit_2(fleet: dict[str, str]) -> None:
+    code, doc = status_json("--image", "127.0.0.1:9/dspark-patch/absent:1", "--image", fleet["patched"])
+    assert code == 2
+    missing, patched = doc["images"]
+    assert "not found" in missing["error"] and missing["exit_code"] == 2
+    assert patched["patch_sets"][PATCH_ID] == "applied" and patched["exit_code"] == 0
