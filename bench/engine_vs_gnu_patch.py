@@ -15,8 +15,8 @@ than the wall clock, which also counts the time spent waiting for a core.
 from __future__ import annotations
 
 import argparse
-import resource
 import filecmp
+import resource
 import shutil
 import subprocess
 import sys

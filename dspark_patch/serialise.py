@@ -52,7 +52,7 @@ def _build(hint: Any, data: Any) -> Any:
     if origin is tuple:
         if len(args) == 2 and args[1] is Ellipsis:
             return tuple(_build(args[0], v) for v in data)
-        return tuple(_build(a, v) for a, v in zip(args, data))
+        return tuple(_build(a, v) for a, v in zip(args, data, strict=False))
     if origin in (Mapping, dict) or (isinstance(origin, type) and issubclass(origin, Mapping)):
         return {k: _build(args[1], v) for k, v in data.items()}
     if hint is float:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from dspark_patch.evaluate.kvlog import parse_server_log, process_of, read_server_log
 from dspark_patch.errors import BadInput
+from dspark_patch.evaluate.kvlog import parse_server_log, process_of, read_server_log
 from tests.support import vllm
 
 DATA = Path(__file__).parent / "data" / "kvlogs"

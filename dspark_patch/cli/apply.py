@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -24,7 +24,7 @@ def apply(
     no_probe: common.NoProbeOpt = False,
     python: common.PythonOpt = None,
     allow_unknown_base: Annotated[bool, typer.Option("--allow-unknown-base", help="Do not require the known pre-image hashes; rely on zero-fuzz placement alone (the report says so).")] = False,
-    tag: Annotated[Optional[str], typer.Option("--tag", help="Name the patched image (--image only).")] = None,
+    tag: Annotated[str | None, typer.Option("--tag", help="Name the patched image (--image only).")] = None,
     force: Annotated[bool, typer.Option("--force", help="Move an existing --tag to the new image.")] = False,
     push: Annotated[bool, typer.Option("--push", help="Push --tag through the engine after committing.")] = False,
     report_dir: common.ReportDirOpt = None,

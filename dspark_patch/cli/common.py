@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -13,15 +13,15 @@ from ..pipeline import ImageSpec, LocalSpec, TargetSpec
 from ..report.model import AuditReport
 from . import output
 
-RootOpt = Annotated[Optional[Path], typer.Option("--root", help="A site-packages folder that holds vllm and its dist-info.")]
-ImageOpt = Annotated[Optional[str], typer.Option("--image", help="An image reference (name:tag or id) on the Docker engine.")]
-PythonOpt = Annotated[Optional[str], typer.Option("--python", help="Interpreter that runs the tree (--root only; default: this one).")]
-PatchOpt = Annotated[Optional[str], typer.Option("--patch", help="Patch-set id, patch-set folder, or a bare diff file. Default: dspark-skip-mtp-buffer.")]
-StripOpt = Annotated[Optional[int], typer.Option("--strip", min=0, help="Leading path components to strip, like patch -pN (default: the patch set's, 1).")]
+RootOpt = Annotated[Path | None, typer.Option("--root", help="A site-packages folder that holds vllm and its dist-info.")]
+ImageOpt = Annotated[str | None, typer.Option("--image", help="An image reference (name:tag or id) on the Docker engine.")]
+PythonOpt = Annotated[str | None, typer.Option("--python", help="Interpreter that runs the tree (--root only; default: this one).")]
+PatchOpt = Annotated[str | None, typer.Option("--patch", help="Patch-set id, patch-set folder, or a bare diff file. Default: dspark-skip-mtp-buffer.")]
+StripOpt = Annotated[int | None, typer.Option("--strip", min=0, help="Leading path components to strip, like patch -pN (default: the patch set's, 1).")]
 NoProbeOpt = Annotated[bool, typer.Option("--no-probe", help="Skip the patch set's CPU probe.")]
-ReportDirOpt = Annotated[Optional[Path], typer.Option("--report-dir", help="Write audit.json, audit.md, junit.xml (and the attestation) here. Default: ./dspark-patch-reports/<command>-<time>.")]
+ReportDirOpt = Annotated[Path | None, typer.Option("--report-dir", help="Write audit.json, audit.md, junit.xml (and the attestation) here. Default: ./dspark-patch-reports/<command>-<time>.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the audit report as JSON on stdout and nothing else.")]
-JunitOpt = Annotated[Optional[Path], typer.Option("--junit", help="Also write a JUnit XML file here.")]
+JunitOpt = Annotated[Path | None, typer.Option("--junit", help="Also write a JUnit XML file here.")]
 
 
 def target_spec(root: Path | None, image: str | None, python: str | None, *, tag: str | None = None,
@@ -45,7 +45,7 @@ def finish(report: AuditReport, *, report_dir: Path | None, as_json: bool, junit
     from ..report import render, summary
 
     folder = report_dir or Path("dspark-patch-reports") / (
-        f"{report.command}-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%SZ')}")
+        f"{report.command}-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}")
     render.write_report_dir(report, folder)
     if junit is not None:
         junit.parent.mkdir(parents=True, exist_ok=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -42,19 +42,19 @@ def _print_json(result: Any) -> None:
 
 
 def estimate(
-    tokens: Optional[int] = typer.Option(
+    tokens: int | None = typer.Option(
         None, "--tokens", "--max-num-batched-tokens", metavar="N",
         help="Rows of the buffer: the server's max_num_batched_tokens.",
     ),
-    hidden: Optional[int] = typer.Option(None, "--hidden", metavar="H", help="hidden_size."),
-    hc_mult: Optional[int] = typer.Option(None, "--hc-mult", metavar="M", help="hc_mult (DeepSeek-V4)."),
-    dtype: Optional[str] = typer.Option(
+    hidden: int | None = typer.Option(None, "--hidden", metavar="H", help="hidden_size."),
+    hc_mult: int | None = typer.Option(None, "--hc-mult", metavar="M", help="hc_mult (DeepSeek-V4)."),
+    dtype: str | None = typer.Option(
         None, "--dtype", metavar="|".join(DTYPE_BYTES), help="Model dtype (overrides the config's)."
     ),
-    config: Optional[Path] = typer.Option(
+    config: Path | None = typer.Option(
         None, "--config", metavar="CONFIG.JSON", help="Read hidden_size, hc_mult and dtype from it."
     ),
-    kv_bytes_per_token: Optional[int] = typer.Option(
+    kv_bytes_per_token: int | None = typer.Option(
         None, "--kv-bytes-per-token", metavar="B", help="One rank's KV bytes per token: gives the refund."
     ),
     as_json: bool = _JSON,
@@ -88,7 +88,7 @@ def kv_compare(
     on_log: Path = typer.Argument(..., metavar="ON.log", help="Server log with the flag on."),
     as_json: bool = _JSON,
     tolerance: float = _TOLERANCE,
-    expect_mib: Optional[float] = _EXPECT_MIB,
+    expect_mib: float | None = _EXPECT_MIB,
 ) -> None:
     """Compare two vLLM server logs (flag off, flag on) and give a verdict on the KV refund."""
     if tolerance < 0:
@@ -107,7 +107,7 @@ def kv_compare(
 
 def evaluate(
     image: str = typer.Option(..., "--image", metavar="REF", help="The (patched) image to evaluate."),
-    server_args: Optional[list[str]] = typer.Argument(
+    server_args: list[str] | None = typer.Argument(
         None, metavar="-- SERVER_ARGS...", help="Arguments for the image's entrypoint, the same in both runs.",
     ),
     env: list[str] = typer.Option([], "--env", metavar="K=V", help="Environment for both runs (repeatable)."),
@@ -118,10 +118,10 @@ def evaluate(
     gpus: bool = typer.Option(True, "--gpus/--no-gpus", help="Request all GPUs for the server (--gpus all)."),
     as_json: bool = _JSON,
     tolerance: float = _TOLERANCE,
-    expect_mib: Optional[float] = _EXPECT_MIB,
+    expect_mib: float | None = _EXPECT_MIB,
 ) -> None:
     """Start the SAME image twice, flag off then on, and compare the KV capacity they report."""
-    from ..targets.docker import DockerEngine   # the engine is needed only by this command
+    from ..targets.docker import DockerEngine  # the engine is needed only by this command
 
     result = evaluate_image(
         DockerEngine(), image_ref=image, server_args=list(server_args or ()),

@@ -6,7 +6,7 @@ import os
 import sys
 import threading
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -14,7 +14,8 @@ from rich.table import Table
 
 from ..errors import BadInput
 from ..report.status_model import FleetStatus, ImageStatus
-from ..status.fleet import StatusRequest, read_refs_file, status as run_status
+from ..status.fleet import StatusRequest, read_refs_file
+from ..status.fleet import status as run_status
 from . import common, output
 
 _err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -28,15 +29,15 @@ def register(app: typer.Typer) -> None:
 
 
 def status(
-    image: Annotated[Optional[list[str]], typer.Option("--image", help="An image reference; repeat for many.")] = None,
-    images_from: Annotated[Optional[Path], typer.Option("--images-from", help="A file with one image reference per line (# comments).")] = None,
-    root: Annotated[Optional[list[Path]], typer.Option("--root", help="A local site-packages folder; repeat for many.")] = None,
-    platform: Annotated[Optional[str], typer.Option("--platform", help="os/arch passed to the engine when it makes the (never started) container.")] = None,
+    image: Annotated[list[str] | None, typer.Option("--image", help="An image reference; repeat for many.")] = None,
+    images_from: Annotated[Path | None, typer.Option("--images-from", help="A file with one image reference per line (# comments).")] = None,
+    root: Annotated[list[Path] | None, typer.Option("--root", help="A local site-packages folder; repeat for many.")] = None,
+    platform: Annotated[str | None, typer.Option("--platform", help="os/arch passed to the engine when it makes the (never started) container.")] = None,
     pull: Annotated[str, typer.Option("--pull", help="never (default: read only what the engine has), missing, always.")] = "never",
     jobs: Annotated[int, typer.Option("--jobs", min=1, max=64, help="Images read at once (--via container).")] = 4,
     via: Annotated[str, typer.Option("--via", help="auto (default: container for one image, layers for several), layers (one save of all images' layers: a layer shared by many is read once) or container (a never-started container per image, read through the archive API).")] = "auto",
     as_json: common.JsonOpt = False,
-    report_dir: Annotated[Optional[Path], typer.Option("--report-dir", help="Write status.json, status.md and junit.xml here.")] = None,
+    report_dir: Annotated[Path | None, typer.Option("--report-dir", help="Write status.json, status.md and junit.xml here.")] = None,
     junit: common.JunitOpt = None,
 ) -> None:
     """Read-only audit of many images: vLLM release, each patch set's state, files changed or added by hand.

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass
 from collections.abc import Callable
-from typing import Any, Generic, Literal, TypeVar, cast
+from dataclasses import dataclass
+from typing import Any, Generic, Literal, TypeVar, cast, overload
 
 from unidiff import Hunk as UnidiffHunk
 from unidiff import PatchedFile, PatchSet, UnidiffParseError
@@ -54,7 +54,11 @@ class _cached(Generic[_T]):
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
 
-    def __get__(self, instance: Any, owner: type | None = None) -> _T:
+    @overload
+    def __get__(self, instance: None, owner: type | None = None) -> _cached[_T]: ...
+    @overload
+    def __get__(self, instance: object, owner: type | None = None) -> _T: ...
+    def __get__(self, instance: object, owner: type | None = None) -> _T | _cached[_T]:
         if instance is None:
             return self
         # The instance dict, not setattr: the dataclass is frozen (as cached_property does it).

@@ -248,7 +248,7 @@ def apply_hunks(
         raise ValueError("one placement per hunk is required")
     out: list[bytes] = []
     cur = 0
-    for hunk, placement in zip(hunks, placements):
+    for hunk, placement in zip(hunks, placements, strict=True):
         source, target, start, length = sides(hunk, reverse=reverse)
         at = _header_index(start, length) + placement.offset
         if at < cur or tuple(lines[at : at + len(source)]) != source:

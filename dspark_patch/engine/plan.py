@@ -60,8 +60,8 @@ def plan_patch(diff: Diff, read: Callable[[str], bytes | None]) -> PatchPlan:
     outcomes = [_plan_file(file, read(file.path)) for file in diff.files]
     directions = {o.direction for o in outcomes}
     if directions == {"forward", "reverse"}:
-        applied = [f"{o.plan.path} {_numbers(f.hunks)}" for o, f in zip(outcomes, diff.files) if o.direction == "reverse"]
-        pending = [f"{o.plan.path} {_numbers(f.hunks)}" for o, f in zip(outcomes, diff.files) if o.direction == "forward"]
+        applied = [f"{o.plan.path} {_numbers(f.hunks)}" for o, f in zip(outcomes, diff.files, strict=True) if o.direction == "reverse"]
+        pending = [f"{o.plan.path} {_numbers(f.hunks)}" for o, f in zip(outcomes, diff.files, strict=True) if o.direction == "forward"]
         raise _partly(applied, pending)
     status: PlanStatus = "already-applied" if directions == {"reverse"} else "apply"
     return PatchPlan(status=status, diff_sha256=diff.sha256, files=tuple(o.plan for o in outcomes))
@@ -100,11 +100,11 @@ def _explain(file: FilePatch, lines: list[bytes], forward_error: HunkDoesNotAppl
     """Neither direction fits the whole file: a hunk that fits nowhere, or a mix of applied and not."""
     forward = [matches_anywhere(lines, h) for h in file.hunks]
     reverse = [matches_anywhere(lines, h, reverse=True) for h in file.hunks]
-    for hunk, fwd, rev in zip(file.hunks, forward, reverse):
+    for hunk, fwd, rev in zip(file.hunks, forward, reverse, strict=True):
         if not fwd and not rev:
             return describe_mismatch(file.path, lines, hunk)
-    applied = [h for h, fwd, rev in zip(file.hunks, forward, reverse) if rev and not fwd]
-    pending = [h for h, fwd, rev in zip(file.hunks, forward, reverse) if fwd and not rev]
+    applied = [h for h, fwd, rev in zip(file.hunks, forward, reverse, strict=True) if rev and not fwd]
+    pending = [h for h, fwd, rev in zip(file.hunks, forward, reverse, strict=True) if fwd and not rev]
     if applied and pending:
         return _partly([f"{file.path} {_numbers(applied)}"], [f"{file.path} {_numbers(pending)}"])
     return forward_error

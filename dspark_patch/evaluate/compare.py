@@ -17,7 +17,11 @@ from __future__ import annotations
 from .estimate import GIB, MIB
 from .kvlog import FLAG, rank_order
 from .model import (
-    EngineComparison, KvComparison, RankComparison, RankFigures, ServerLog,
+    EngineComparison,
+    KvComparison,
+    RankComparison,
+    RankFigures,
+    ServerLog,
 )
 
 DEFAULT_TOLERANCE_GIB = 0.01

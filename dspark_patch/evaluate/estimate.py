@@ -85,7 +85,7 @@ def read_model_config(path: Path) -> ModelGeometry:
         raise BadInput(f"{path} is not a JSON model config: {exc}") from exc
     if not isinstance(data, dict):
         raise BadInput(f"{path} is not a JSON object")
-    text = data.get("text_config") if isinstance(data.get("text_config"), dict) else {}
+    text: dict[str, Any] = data["text_config"] if isinstance(data.get("text_config"), dict) else {}
 
     def field(*names: str) -> Any:
         for scope in (data, text):

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..errors import BadInput
+from ..serialise import dumps
 from .compare import DEFAULT_TOLERANCE_GIB, compare_logs
 from .kvlog import FLAG, parse_server_log
-from ..serialise import dumps
 from .model import EvaluationResult, FlagState, ServerRunRecord
 from .server import ContainerEngine, run_server
 

@@ -133,7 +133,7 @@ def _present_files(location, folders):
 
 def _all_record_paths(location):
     """Every path any distribution in the site folder lists in its RECORD."""
-    paths = set()
+    paths: set = set()
     with os.scandir(location) as entries:
         infos = [e.path for e in entries if e.name.endswith(".dist-info") and e.is_dir()]
     for info in infos:

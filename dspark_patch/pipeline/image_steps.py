@@ -21,7 +21,6 @@ from .record import RunRecord
 from .requests import ImageSpec
 from .steps import bytecode_paths, probe_failure
 
-
 LABEL_PREFIX = "io.github.dspark-patch"
 
 

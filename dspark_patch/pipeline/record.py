@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from .. import __version__
@@ -22,7 +22,6 @@ from ..report.model import (
 )
 from ..targets.base import Distribution
 from .requests import LocalSpec, TargetSpec
-
 
 StepCallback = Callable[[StepReport], None]
 
@@ -47,7 +46,7 @@ class RunRecord:
             status="failed",
             exit_code=1,
             tool_version=__version__,
-            started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            started_at=datetime.now(UTC).isoformat(timespec="seconds"),
             target=target,
         )
         return cls(draft=draft, on_step=on_step)

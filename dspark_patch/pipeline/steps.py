@@ -73,7 +73,7 @@ def select_variant(patchset: PatchSet, dist: Distribution, strip: int | None, ru
     return variant, diff
 
 
-def check_known_images(diff: Diff, variant: Variant, dist: Distribution, reader: "CachingReader") -> None:
+def check_known_images(diff: Diff, variant: Variant, dist: Distribution, reader: CachingReader) -> None:
     """Each target file must be the reviewed pre-image (matching RECORD) or, if already patched, the post-image."""
     record = {e.path: e.sha256 for e in dist.record}
     for fp in diff.files:

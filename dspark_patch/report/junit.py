@@ -178,7 +178,7 @@ def check_cases(report: AuditReport) -> list[CheckCase]:
     posted = [f for f in report.files if f.post_sha256]
     if report.labels and posted:
         values = list(report.labels.values())
-        missing = [f.path for f in posted if not any(f.post_sha256 in v for v in values)]
+        missing = [f.path for f in posted if f.post_sha256 is not None and not any(f.post_sha256 in v for v in values)]
         cases.append(
             CheckCase(
                 group="labels",

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -79,7 +79,7 @@ def _error_row(ref: str, exc: DsparkPatchError, **extra: str | None) -> ImageSta
 
 
 def status(request: StatusRequest, *, on_progress: ProgressCallback | None = None) -> FleetStatus:
-    started = datetime.now(timezone.utc)
+    started = datetime.now(UTC)
     clock = time.monotonic()
     patchsets = [p for p in available() if not p.is_bare]
     progress = on_progress or (lambda ref, event, row: None)
@@ -104,8 +104,8 @@ def status(request: StatusRequest, *, on_progress: ProgressCallback | None = Non
 
 
 def _read_images(request: StatusRequest, patchsets: Sequence[PatchSet], progress: ProgressCallback) -> dict[str, ImageStatus]:
-    from ..targets.docker.reader import ImageReader, pull
     from ..targets.docker import DockerEngine
+    from ..targets.docker.reader import ImageReader, pull
 
     engine = DockerEngine()  # unreachable: the whole command exits 3
     refs = list(dict.fromkeys(request.images))

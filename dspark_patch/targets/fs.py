@@ -9,9 +9,9 @@ we created are removed) before the error is raised: nothing half-patched remains
 
 from __future__ import annotations
 
+import itertools
 import os
 import stat
-import itertools
 from dataclasses import dataclass
 from pathlib import Path
 

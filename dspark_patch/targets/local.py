@@ -73,10 +73,10 @@ class LocalTree:
         except FileNotFoundError:
             return None
 
-    def write(self, plan: "PatchPlan") -> None:
+    def write(self, plan: PatchPlan) -> None:
         fs.write_plan(self.root, plan)
 
-    def restore(self, plan: "PatchPlan") -> None:
+    def restore(self, plan: PatchPlan) -> None:
         fs.restore_plan(self.root, plan)
 
     def run_python(

@@ -375,7 +375,7 @@ def load_envs(sources: Sources) -> tuple[Envs, str | None]:
             table = node.value
     if not isinstance(table, ast.Dict):
         raise Missing(f"{ENVS_TABLE} table not found in {ENVS_FILE}")
-    for key, value in zip(table.keys, table.values):
+    for key, value in zip(table.keys, table.values, strict=True):
         if isinstance(key, ast.Constant) and key.value == FLAG:
             expr = ast.fix_missing_locations(ast.Expression(body=value))
             getter = eval(compile(expr, f"<{ENVS_FILE}:{FLAG}>", "eval"), namespace)

@@ -25,25 +25,26 @@ folder), on a loaded 2-core machine (`bench/status_fleet.py` prints the current 
 from __future__ import annotations
 
 import base64
-from dataclasses import replace
 import io
 import json
 import posixpath
 import re
 import tarfile
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 import docker.errors
 import requests.exceptions
 
 from ...errors import EnvironmentProblem, TargetNotFound
+from ..layerfs import Entry, LayerIndexer, merge, site_files
+from ..sitefiles import SiteFiles
+
 # Our container naming is shared with `gc`; the lead moves these into targets/docker/ at merge.
 from .engine import DockerEngine
 from .engine import reason as _reason
 from .naming import container_name as _container_name
-from ..layerfs import Entry, LayerIndexer, merge, site_files
-from ..sitefiles import SiteFiles
 
 PYTHON_MINORS = tuple(range(14, 5, -1))   # newest first: 3.14 … 3.6
 COMMON_PREFIXES = ("/usr/local", "/usr", "/opt/conda", "/opt/venv", "/venv", "/opt/python")
