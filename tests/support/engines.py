@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from tests.support import images
 from tests.support.images import ROOT
 
 SCRIPTS = {"podman": "ensure-podman", "remote-docker": "ensure-remote-docker"}
@@ -57,16 +58,7 @@ def engine(name: str) -> Engine:
 
 
 @pytest.fixture(scope="session", params=sorted(SCRIPTS))
-def other_engine(request: pytest.FixtureRequest) -> Engine:
-    """Each engine that is not the local dockerd, in turn."""
-    return engine(request.param)
-
-
-@pytest.fixture(scope="session")
-def podman() -> Engine:
-    return engine("podman")
-
-
-@pytest.fixture(scope="session")
-def remote_docker() -> Engine:
-    return engine("remote-docker")
+def fixture_on_other_engine(request: pytest.FixtureRequest) -> tuple[Engine, str]:
+    """Each engine that is not the local dockerd in turn, with the fixture image loaded there."""
+    other = engine(request.param)
+    return other, other.load(images.fixture_image())
