@@ -60,13 +60,16 @@ def _assert_patched_result(docker_host: str | None, source: dict, tag: str) -> N
     assert _our_containers(docker_host) == []
 
 
-def _apply_and_verify(ref: str, tmp_path: Path, docker_host: str | None = None) -> None:
-    env = {"DOCKER_HOST": docker_host} if docker_host else None
+def _apply_and_verify(ref: str, tmp_path: Path, docker_host: str | None = None, *, tag: str | None = None,
+                      push: bool = False, env: dict[str, str] | None = None) -> dict:
+    """apply --image REF --tag T [--push], check the result, verify T; returns apply's audit."""
+    env = {**(env or {}), **({"DOCKER_HOST": docker_host} if docker_host else {})}
     source = _inspect(docker_host, ref)
     assert source is not None, f"{ref} is not on the engine"
-    tag = f"dspark-patch/test-shape:{uuid.uuid4().hex[:10]}"
+    tag = tag or f"dspark-patch/test-shape:{uuid.uuid4().hex[:10]}"
     try:
-        res = run("apply", "--image", ref, "--tag", tag, "--report-dir", str(tmp_path / "apply"), env=env)
+        res = run("apply", "--image", ref, "--tag", tag, *(["--push"] if push else []),
+                  "--report-dir", str(tmp_path / "apply"), env=env)
         assert res.returncode == 0, res.stderr
         _assert_patched_result(docker_host, source, tag)
         ok = run("verify", "--image", tag, "--json", "--report-dir", str(tmp_path / "verify"), env=env)
@@ -74,6 +77,7 @@ def _apply_and_verify(ref: str, tmp_path: Path, docker_host: str | None = None) 
         assert ok.json["status"] == "verified"
         # The source is untouched.
         assert _inspect(docker_host, ref)["Id"] == source["Id"]
+        return json.loads((tmp_path / "apply" / "audit.json").read_text())
     finally:
         _remove(docker_host, tag)
 
@@ -123,13 +127,6 @@ def test_two_pythons_image_patches_the_vllm_of_the_non_default_python(tmp_path):
 @pytest.mark.xfail(strict=True, reason=FIND_INTERPRETER)
 def test_trixie_root_image_with_vllm_in_a_venv_off_path(tmp_path):
     _apply_and_verify(images.trixie_venv_image(), tmp_path)
-
-
-# --- engines other than the local dockerd -----------------------------------------------------
-
-def test_fixture_applies_and_verifies_on_another_engine(fixture_on_other_engine, tmp_path):
-    other, ref = fixture_on_other_engine
-    _apply_and_verify(ref, tmp_path, other.docker_host)
 
 
 # --- a registry behind a login ----------------------------------------------------------------
@@ -225,3 +222,22 @@ def test_an_image_missing_locally_and_not_pulled_is_one_clean_line(login_registr
               "--report-dir", str(tmp_path / "r"), env={"DOCKER_CONFIG": str(config)})
     line = res.assert_clean_error(2)
     assert missing in line
+
+
+# --- engines other than the local dockerd -----------------------------------------------------
+
+PODMAN_ETC = ("issue 10.4: Podman writes /etc/hosts, /etc/resolv.conf and /etc/hostname into every container, "
+              "so the layer check refuses the commit with `C /etc`; those engine-written entries must be told apart")
+
+
+def test_fixture_applies_verifies_and_pushes_on_another_engine(fixture_on_other_engine, login_registry, request, tmp_path):
+    other, ref = fixture_on_other_engine
+    if other.name == "podman":
+        request.applymarker(pytest.mark.xfail(strict=True, reason=PODMAN_ETC))
+    address, config = login_registry
+    tag = f"{address}/dspark-patch/{other.name}:{uuid.uuid4().hex[:8]}"
+    audit = _apply_and_verify(ref, tmp_path, other.docker_host, tag=tag, push=True,
+                              env={"DOCKER_CONFIG": str(config)})
+    pushed = audit["result_image"]["repo_digest"]
+    assert pushed.startswith(f"{address}/dspark-patch/{other.name}@sha256:")
+    assert _manifest_status(address, pushed, (USER, PASSWORD)) == 200
