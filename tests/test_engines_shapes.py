@@ -41,8 +41,11 @@ def _remove(docker_host: str | None, ref: str) -> None:
     subprocess.run(argv, capture_output=True, check=False)
 
 
-def _our_containers(docker_host: str | None) -> list[str]:
-    argv = ["docker", *(["--host", docker_host] if docker_host else []), "ps", "-a", "--format", "{{.Names}}"]
+def _our_containers(docker_host: str | None, image_id: str) -> list[str]:
+    """The tool's containers made from `image_id` (other sessions may share the local engine,
+    each on its own images, so only this image's containers are ours to count)."""
+    argv = ["docker", *(["--host", docker_host] if docker_host else []), "ps", "-a",
+            "--filter", f"ancestor={image_id}", "--format", "{{.Names}}"]
     names = subprocess.run(argv, capture_output=True, text=True, check=True).stdout.split()
     return [n for n in names if n.startswith("dspark-patch--")]
 
@@ -57,7 +60,7 @@ def _assert_patched_result(docker_host: str | None, source: dict, tag: str) -> N
     assert after["RootFS"]["Layers"][:-1] == source["RootFS"]["Layers"]
     assert len(after["RootFS"]["Layers"]) == len(source["RootFS"]["Layers"]) + 1
     assert after["Config"]["Labels"][f"{LABEL_PREFIX}.patch.id"] == "dspark-skip-mtp-buffer"
-    assert _our_containers(docker_host) == []
+    assert _our_containers(docker_host, source["Id"]) == []
 
 
 def _apply_and_verify(ref: str, tmp_path: Path, docker_host: str | None = None, *, tag: str | None = None,
