@@ -54,3 +54,28 @@ def server_double_image() -> str:
 
 def base_image() -> str:
     return built_images()["base"]
+
+
+# --- image shapes (issue 10); see images/<name>/Dockerfile for what each one stands for -------
+
+def trixie_venv_image() -> str:
+    """Root, Debian trixie / Python 3.13, Debian's torch, vLLM in /opt/venv (not on PATH)."""
+    return built_images()["trixie-venv"]
+
+
+def two_pythons_image() -> str:
+    """Default python3 without vLLM; vLLM and torch in /opt/vllm-env's own interpreter."""
+    return built_images()["two-pythons"]
+
+
+def non_writable_image() -> str:
+    """The fixture run as USER 10001:0 (no passwd entry), which cannot write vLLM's folder."""
+    return built_images()["non-writable"]
+
+
+def no_shell_image() -> str:
+    """The fixture with every shell removed."""
+    return built_images()["no-shell"]
+
+
+SHAPES = ("trixie-venv", "two-pythons", "non-writable", "no-shell")

@@ -1,11 +1,18 @@
-"""A real registry on a loopback port: Debian's `docker-registry` (distribution), started per test session."""
+"""A real registry on a loopback port: Debian's `docker-registry` (distribution), started per test session.
+
+With `login=(user, password)` it asks for that login (htpasswd, bcrypt, made with apache2-utils'
+`htpasswd`); `docker_login` then writes the credentials into a DOCKER_CONFIG folder the way
+`docker login` does, which is where the Docker SDK reads them from.
+"""
 
 from __future__ import annotations
 
+import json
 import shutil
 import socket
 import subprocess
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -24,6 +31,13 @@ http:
   addr: 127.0.0.1:{port}
 """
 
+AUTH = """\
+auth:
+  htpasswd:
+    realm: dspark-patch-tests
+    path: {htpasswd}
+"""
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -32,15 +46,20 @@ def _free_port() -> int:
 
 
 @contextmanager
-def loopback_registry(workdir: Path) -> Iterator[str]:
-    """Yields 'host:port' of a running registry; stops it afterwards."""
+def loopback_registry(workdir: Path, login: tuple[str, str] | None = None) -> Iterator[str]:
+    """Yields 'host:port' of a running registry (asking for `login` if given); stops it afterwards."""
     binary = shutil.which("docker-registry")
     if binary is None:
         raise RuntimeError("docker-registry is not installed (scripts/ensure-docker installs it)")
     port = _free_port()
     (workdir / "storage").mkdir(parents=True, exist_ok=True)
     config = workdir / "config.yml"
-    config.write_text(CONFIG.format(root=workdir / "storage", port=port))
+    text = CONFIG.format(root=workdir / "storage", port=port)
+    if login is not None:
+        htpasswd = workdir / "htpasswd"
+        _write_htpasswd(htpasswd, *login)
+        text += AUTH.format(htpasswd=htpasswd)
+    config.write_text(text)
     log = open(workdir / "registry.log", "wb")
     proc = subprocess.Popen([binary, "serve", str(config)], stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -50,6 +69,11 @@ def loopback_registry(workdir: Path) -> Iterator[str]:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=2) as resp:
                     if resp.status == 200:
                         break
+            except urllib.error.HTTPError as err:
+                # 401 is the answer of a registry that is up and wants the login.
+                if err.code == 401 and login is not None:
+                    break
+                raise
             except OSError:
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"the registry did not start: {(workdir / 'registry.log').read_text()[-2000:]}")
@@ -59,3 +83,39 @@ def loopback_registry(workdir: Path) -> Iterator[str]:
         proc.terminate()
         proc.wait(timeout=10)
         log.close()
+
+
+def _write_htpasswd(path: Path, user: str, password: str) -> None:
+    binary = shutil.which("htpasswd")
+    if binary is None:
+        raise RuntimeError("htpasswd is not installed (scripts/ensure-docker installs apache2-utils)")
+    # -B: distribution accepts only bcrypt entries. -i: the password comes on stdin, not argv.
+    subprocess.run([binary, "-B", "-i", "-c", str(path), user], input=password, text=True,
+                   check=True, capture_output=True)
+
+
+def docker_login(config_dir: Path, registry: str, user: str, password: str) -> None:
+    """`docker login` into `registry`, storing the credentials in `config_dir` (a DOCKER_CONFIG)."""
+    config_dir.mkdir(parents=True, exist_ok=True)
+    subprocess.run(
+        ["docker", "--config", str(config_dir), "login", "--username", user, "--password-stdin", registry],
+        input=password, text=True, check=True, capture_output=True,
+    )
+
+
+def push_only_to_registry(source: str, target: str, config_dir: Path) -> str:
+    """Push local image `source` as `target` (with the login in `config_dir`), then drop the
+    local `target` name, so the engine has to pull it to use it. Returns the pushed digest ref."""
+    subprocess.run(["docker", "tag", source, target], check=True, capture_output=True)
+    try:
+        subprocess.run(["docker", "--config", str(config_dir), "push", "--quiet", target],
+                       check=True, capture_output=True, text=True)
+        digests = subprocess.run(
+            ["docker", "image", "inspect", "-f", "{{json .RepoDigests}}", target],
+            check=True, capture_output=True, text=True,
+        ).stdout
+        repository = target.rsplit(":", 1)[0]
+        digest = next(d for d in json.loads(digests) if d.startswith(repository + "@"))
+    finally:
+        subprocess.run(["docker", "rmi", target], check=False, capture_output=True)
+    return digest
