@@ -122,7 +122,7 @@ class ImageReader:
     def stat(self, path: str) -> dict[str, Any] | None:
         """The engine's path-stat of `path` in the image (name, size, mode, linkTarget), or None."""
         assert self._container
-        url = self._api._url("/containers/{0}/archive", self._container)
+        url = _engine_url(self._api, f"/containers/{self._container}/archive")
         try:
             response = self._api.head(url, params={"path": path})
         except requests.exceptions.RequestException as exc:
@@ -205,6 +205,14 @@ class ImageReader:
         return found if found.python else replace(found, python=self._python_for(site))
 
 
+def _engine_url(api: docker.APIClient, path: str) -> str:
+    # docker-py's APIClient is a requests.Session whose adapters speak to the engine (unix socket,
+    # TCP or SSH); it has no public call for HEAD of the archive endpoint (a path's stat without
+    # its contents) or for saving several images in one stream, so those two requests are built
+    # from its public attributes and sent with the Session's own public methods.
+    return f"{api.base_url}/v{api.api_version}{path}"
+
+
 def save_views(engine: DockerEngine, image_ids: Sequence[str], distribution: str) -> dict[str, dict[str, Entry]]:
     """Every image's merged view from ONE `docker save` of all of them (shared layers come once).
 
@@ -213,12 +221,11 @@ def save_views(engine: DockerEngine, image_ids: Sequence[str], distribution: str
     api = engine.client.api
     try:
         # docker-py saves one image per call; the engine's endpoint takes many names at once.
-        response = api._get(api._url("/images/get"), params={"names": list(image_ids)}, stream=True)
-        api._raise_for_status(response)
-    except docker.errors.APIError as exc:
-        raise EnvironmentProblem(f"reading the images' layers failed: {_reason(exc)}") from exc
+        response = api.get(_engine_url(api, "/images/get"), params={"names": list(image_ids)}, stream=True)
     except requests.exceptions.RequestException as exc:
         raise EnvironmentProblem(f"reading the images' layers failed: {exc}") from exc
+    if response.status_code >= 400:
+        raise EnvironmentProblem(f"reading the images' layers failed: HTTP {response.status_code} {response.text.strip()[:200]}")
     indexer = LayerIndexer(distribution)
     layers: dict[str, dict[str, Entry]] = {}
     manifest: list[dict[str, Any]] = []
