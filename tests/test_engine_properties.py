@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from dspark_patch.engine import parse_diff, plan_patch, split_lines
 from dspark_patch.errors import DsparkPatchError
-from tests.test_engine_cases import udiff
+from tests.support.trees import udiff
 
 # A small alphabet makes repeated lines (and so ambiguous-looking places) common.
 _WORDS = st.sampled_from([b"", b"x", b"y", b"def f():", b"    return 1", b"# note", b"\xff\xfe odd", b"a\rb", b"\t"])

@@ -12,7 +12,7 @@ from dspark_patch.engine import parse_diff, plan_patch
 from dspark_patch.errors import EnvironmentProblem, HashMismatch, UnsafePatch
 from dspark_patch.targets import fs
 from dspark_patch.targets.fs import read_inside, resolve_inside, restore_plan, write_plan
-from tests.test_engine_cases import BASE, edit, make_tree, snapshot, udiff
+from tests.support.trees import BASE, edit, make_tree, snapshot, udiff
 
 NEW = edit(BASE, {20: b"changed\n"})
 

@@ -67,11 +67,7 @@ class LocalTree:
         )
 
     def read(self, path: str) -> bytes | None:
-        full = fs.resolve_inside(self.root, path)
-        try:
-            return full.read_bytes()
-        except FileNotFoundError:
-            return None
+        return fs.read_inside(self.root, path)
 
     def write(self, plan: PatchPlan) -> None:
         fs.write_plan(self.root, plan)

@@ -146,7 +146,7 @@ C_RUNNER = f"runner: the V2 runner feeds the drafter only through {DRAFTER_FN}"
 C_CENSUS = f"census: no unguarded reader of {BUFFER_ATTR} on the DSpark V2 path"
 C_NO_VLLM = "probe: never imports vllm"
 
-class ProbeCase:
+class CaseResult:
     def __init__(self, name: str, ok: bool, detail: str) -> None:
         self.name, self.ok, self.detail = name, ok, detail
 
@@ -539,10 +539,10 @@ def promise_of(row: Row) -> str:
             "resolver": C_PREFERRED}[row.bucket]
 
 
-def decision_cases(torch, decision, spec_cls, methods, resolver) -> list[ProbeCase]:
+def decision_cases(torch, decision, spec_cls, methods, resolver) -> list[CaseResult]:
     names = [C_FLAG_OFF, C_SKIP, C_DFLASH, C_OTHER, C_V1, C_PP, C_BOUNDS, C_MALFORMED, C_PREFERRED]
     if decision is None:
-        return [ProbeCase(n, False, f"{DECISION_FN} could not be loaded (see '{C_IMPORTS}')")
+        return [CaseResult(n, False, f"{DECISION_FN} could not be loaded (see '{C_IMPORTS}')")
                 for n in names]
     wrong: dict[str, list[str]] = {n: [] for n in names}
     total: dict[str, int] = {n: 0 for n in names}
@@ -569,18 +569,18 @@ def decision_cases(torch, decision, spec_cls, methods, resolver) -> list[ProbeCa
     cases = []
     for name in names:
         if wrong[name]:
-            cases.append(ProbeCase(name, False, f"{len(wrong[name])}/{total[name]} combinations "
+            cases.append(CaseResult(name, False, f"{len(wrong[name])}/{total[name]} combinations "
                                    "wrong: " + "; ".join(wrong[name][:4])))
         else:
-            cases.append(ProbeCase(name, True, f"{total[name]}/{total[name]} combinations as "
+            cases.append(CaseResult(name, True, f"{total[name]}/{total[name]} combinations as "
                                    f"expected ({skips[name]} skip the buffer)"))
     return cases
 
 
-def invalid_flag_case(torch, decision, spec_cls, methods) -> ProbeCase:
+def invalid_flag_case(torch, decision, spec_cls, methods) -> CaseResult:
     name = C_INVALID
     if decision is None:
-        return ProbeCase(name, False, f"{DECISION_FN} could not be loaded")
+        return CaseResult(name, False, f"{DECISION_FN} could not be loaded")
     wrong: list[str] = []
     total = 0
     for value in INVALID_FLAGS:
@@ -604,14 +604,14 @@ def invalid_flag_case(torch, decision, spec_cls, methods) -> ProbeCase:
                     continue
                 wrong.append(f"{label}: returned {got!r} instead of refusing the value")
     if wrong:
-        return ProbeCase(name, False, f"{len(wrong)}/{total} combinations wrong: " + "; ".join(wrong[:4]))
-    return ProbeCase(name, True, f"{total}/{total} invalid-value combinations refused with an "
+        return CaseResult(name, False, f"{len(wrong)}/{total} combinations wrong: " + "; ".join(wrong[:4]))
+    return CaseResult(name, True, f"{total}/{total} invalid-value combinations refused with an "
                      f"error naming {FLAG} and the allowed values {list(FLAG_CHOICES)}")
 
-def envs_registration_case(envs: Envs, problem: str | None) -> ProbeCase:
+def envs_registration_case(envs: Envs, problem: str | None) -> CaseResult:
     name = C_FLAG
     if problem:
-        return ProbeCase(name, False, f"{problem}: vLLM would warn (or fail with "
+        return CaseResult(name, False, f"{problem}: vLLM would warn (or fail with "
                          "--fail-on-environ-validation) on an unknown variable")
     seen: dict[str, object] = {}
     for label, value in (("unset", None), ("0", "0"), ("1", "1")):
@@ -619,8 +619,8 @@ def envs_registration_case(envs: Envs, problem: str | None) -> ProbeCase:
             seen[label] = getattr(envs, FLAG)
     want = {"unset": False, "0": False, "1": True}
     if seen != want:
-        return ProbeCase(name, False, f"{FLAG} parses as {seen}, expected {want}")
-    return ProbeCase(name, True, f"{FLAG} registered in {ENVS_FILE}; unset/0/1 -> {seen}")
+        return CaseResult(name, False, f"{FLAG} parses as {seen}, expected {want}")
+    return CaseResult(name, True, f"{FLAG} registered in {ENVS_FILE}; unset/0/1 -> {seen}")
 
 
 # --- cases: the allocation site in DeepseekV4Model.__init__ ---------------------------
@@ -684,12 +684,12 @@ def run_allocation(torch, code, decision, envs, spec_cls, *, flag, method, pp, r
     return getattr(self_obj, BUFFER_ATTR, "<unset>"), logger.records
 
 
-def allocation_case(torch, sources: Sources, decision, envs: Envs, spec_cls) -> ProbeCase:
+def allocation_case(torch, sources: Sources, decision, envs: Envs, spec_cls) -> CaseResult:
     name = C_ALLOC
     try:
         stmts = _allocation_slice(sources)
     except Missing as exc:
-        return ProbeCase(name, False, str(exc))
+        return CaseResult(name, False, str(exc))
     module = ast.fix_missing_locations(ast.Module(body=stmts, type_ignores=[]))
     code = compile(module, f"<{MODEL_FILE}:{MODEL_CLASS}.__init__>", "exec")
     problems: list[str] = []
@@ -721,8 +721,8 @@ def allocation_case(torch, sources: Sources, decision, envs: Envs, spec_cls) -> 
     except Exception as exc:
         problems.append(f"allocation site raised {type(exc).__name__}: {exc}")
     if problems:
-        return ProbeCase(name, False, "; ".join(problems))
-    return ProbeCase(name, True, f"skips with one INFO line ({skip_line!r}); allocates "
+        return CaseResult(name, False, "; ".join(problems))
+    return CaseResult(name, True, f"skips with one INFO line ({skip_line!r}); allocates "
                      "for flag unset/0, ordinary MTP and PP2")
 
 # --- cases: the consumer --------------------------------------------------------------
@@ -794,10 +794,10 @@ def _untouched(torch, t) -> bool:
     return bool(torch.all(t == SENTINEL)) if t.numel() else True
 
 
-def consumer_branch_case(torch, consumer, branch: str) -> ProbeCase:
+def consumer_branch_case(torch, consumer, branch: str) -> CaseResult:
     name = C_BRANCH[branch]
     if consumer is None:
-        return ProbeCase(name, False, f"{CONSUMER_CLASS}.{CONSUMER_METHOD} not resolved")
+        return CaseResult(name, False, f"{CONSUMER_CLASS}.{CONSUMER_METHOD} not resolved")
     n = 11
     graph_tokens = {"ordinary": 0, "partial-graph-staging": 4, "all-staged": 14}[branch]
     bench = ConsumerBench(torch, consumer, staging=branch != "ordinary")
@@ -806,11 +806,11 @@ def consumer_branch_case(torch, consumer, branch: str) -> ProbeCase:
     try:
         bench.call(n, poison, bench.aux, graph_tokens)
     except PoisonRead as exc:
-        return ProbeCase(name, False, f"{exc}: DSpark must not read the MTP residual")
+        return CaseResult(name, False, f"{exc}: DSpark must not read the MTP residual")
     except Exception as exc:
-        return ProbeCase(name, False, f"consumer raised {type(exc).__name__}: {exc}")
+        return CaseResult(name, False, f"consumer raised {type(exc).__name__}: {exc}")
     if reads:
-        return ProbeCase(name, False, f"the MTP residual was read ({reads}) and the error swallowed")
+        return CaseResult(name, False, f"the MTP residual was read ({reads}) and the error swallowed")
     owner, problems = bench.owner, []
     staged = min(n, graph_tokens) if owner._aux_staging is not None else 0
     if staged:
@@ -834,17 +834,17 @@ def consumer_branch_case(torch, consumer, branch: str) -> ProbeCase:
     if not _untouched(torch, owner.hidden_states[n:]):
         problems.append(f"hidden rows past num_tokens={n} were written")
     if problems:
-        return ProbeCase(name, False, "; ".join(problems))
+        return CaseResult(name, False, "; ".join(problems))
     eager = n - staged
-    return ProbeCase(name, True, f"num_tokens={n}, num_graph_tokens={graph_tokens}: {staged} "
+    return CaseResult(name, True, f"num_tokens={n}, num_graph_tokens={graph_tokens}: {staged} "
                      f"rows staged, {eager} rows projected, matching the reference; the "
                      "poison residual was never read")
 
 
-def negative_control_case(torch, consumer) -> ProbeCase:
+def negative_control_case(torch, consumer) -> CaseResult:
     name = C_NEGATIVE
     if consumer is None:
-        return ProbeCase(name, False, f"{CONSUMER_CLASS}.{CONSUMER_METHOD} not resolved")
+        return CaseResult(name, False, f"{CONSUMER_CLASS}.{CONSUMER_METHOD} not resolved")
     tripped: list[str] = []
     for aux in (None, []):
         bench = ConsumerBench(torch, consumer, staging=False)
@@ -855,10 +855,10 @@ def negative_control_case(torch, consumer) -> ProbeCase:
         except PoisonRead:
             pass
         except Exception as exc:
-            return ProbeCase(name, False, f"aux={aux!r}: consumer raised "
+            return CaseResult(name, False, f"aux={aux!r}: consumer raised "
                              f"{type(exc).__name__} instead of reading the residual: {exc}")
         if not reads:
-            return ProbeCase(name, False, f"aux={aux!r}: the consumer did not read the residual, "
+            return CaseResult(name, False, f"aux={aux!r}: the consumer did not read the residual, "
                              "so the poison proves nothing (or the fallback changed)")
         tripped.append(f"aux={aux!r} tripped via {reads[0]}")
         # The same call with a plain residual copies it: the fallback really uses it.
@@ -867,13 +867,13 @@ def negative_control_case(torch, consumer) -> ProbeCase:
         residual = residual.reshape(bench.max_tokens, bench.draft_hidden)
         bench.call(11, residual, aux, 0)
         if not torch.equal(bench.owner.hidden_states[:11], residual[:11]):
-            return ProbeCase(name, False, f"aux={aux!r}: the residual fallback did not copy "
+            return CaseResult(name, False, f"aux={aux!r}: the residual fallback did not copy "
                              "last_hidden_states")
-    return ProbeCase(name, True, "without aux states the consumer reads the residual and the "
+    return CaseResult(name, True, "without aux states the consumer reads the residual and the "
                      f"poison trips ({'; '.join(tripped)})")
 
 
-def drafter_fallback_case(torch, sources: Sources) -> ProbeCase:
+def drafter_fallback_case(torch, sources: Sources) -> CaseResult:
     name = C_DRAFTER
     try:
         fn_def = top_level_function(sources.module(DRAFTER_FILE), DRAFTER_FN)
@@ -881,7 +881,7 @@ def drafter_fallback_case(torch, sources: Sources) -> ProbeCase:
             raise Missing(f"{DRAFTER_FN} not found in {DRAFTER_FILE}")
         fn = compile_function(fn_def, {"torch": torch}, DRAFTER_FILE)
     except Missing as exc:
-        return ProbeCase(name, False, str(exc))
+        return CaseResult(name, False, str(exc))
     hidden = torch.randn(5, 4, generator=torch.Generator().manual_seed(7))
     buffer = torch.randn(9, 16, generator=torch.Generator().manual_seed(8))
     no_hook = Obj()
@@ -901,8 +901,8 @@ def drafter_fallback_case(torch, sources: Sources) -> ProbeCase:
     except Exception as exc:
         problems.append(f"raised {type(exc).__name__}: {exc}")
     if problems:
-        return ProbeCase(name, False, "; ".join(problems))
-    return ProbeCase(name, True, "buffer absent -> the regular hidden states; buffer present "
+        return CaseResult(name, False, "; ".join(problems))
+    return CaseResult(name, True, "buffer absent -> the regular hidden states; buffer present "
                      "-> its first num_tokens rows")
 
 # --- cases: the rest of DSparkSpeculator ----------------------------------------------
@@ -957,7 +957,7 @@ def _parents(root: ast.AST) -> dict[ast.AST, ast.AST]:
     return {child: node for node in ast.walk(root) for child in ast.iter_child_nodes(node)}
 
 
-def residual_passing_case(methods) -> ProbeCase:
+def residual_passing_case(methods) -> CaseResult:
     """Every method that receives the residual (the drafter's last_hidden_states) either is
     a consumer run with the poison, or only passes it to one."""
     name = C_PASSES
@@ -984,10 +984,10 @@ def residual_passing_case(methods) -> ProbeCase:
                 problems.append(f"{rel}:{node.lineno} {cname}.{mname} uses {RESIDUAL_PARAM} "
                                 f"other than by passing it to {' or '.join(CHECKED_CONSUMERS)}")
     if not receivers:
-        return ProbeCase(name, False, f"no method of {CONSUMER_CLASS} receives {RESIDUAL_PARAM}")
+        return CaseResult(name, False, f"no method of {CONSUMER_CLASS} receives {RESIDUAL_PARAM}")
     if problems:
-        return ProbeCase(name, False, "; ".join(problems))
-    return ProbeCase(name, True, f"{', '.join(receivers)} receive the residual; all but "
+        return CaseResult(name, False, "; ".join(problems))
+    return CaseResult(name, True, f"{', '.join(receivers)} receive the residual; all but "
                      f"{', '.join(CHECKED_CONSUMERS)} only pass it on")
 
 
@@ -1055,10 +1055,10 @@ def compile_methods(torch, methods, pad_slot: int) -> dict[str, object]:
                         "_num_graph_context_tokens", "prepare_context_anchor")}
 
 
-def replay_case(torch, compiled, pad_slot: int) -> ProbeCase:
+def replay_case(torch, compiled, pad_slot: int) -> CaseResult:
     name = C_REPLAY
     if REPLAY_METHOD not in compiled:
-        return ProbeCase(name, False, f"{CONSUMER_CLASS}.{REPLAY_METHOD} not resolved")
+        return CaseResult(name, False, f"{CONSUMER_CLASS}.{REPLAY_METHOD} not resolved")
     done = []
     for n, dummy in ((11, False), (14, False), (11, True)):
         bench = SpeculatorBench(torch, compiled, pad_slot)
@@ -1070,30 +1070,30 @@ def replay_case(torch, compiled, pad_slot: int) -> ProbeCase:
             getattr(bench.spec, REPLAY_METHOD)(batch, 3, poison, bench.aux,
                                                torch.zeros(3, dtype=torch.int32), dummy)
         except PoisonRead as exc:
-            return ProbeCase(name, False, f"{label}: {exc}: DSpark must not read the MTP residual")
+            return CaseResult(name, False, f"{label}: {exc}: DSpark must not read the MTP residual")
         except Exception as exc:
-            return ProbeCase(name, False, f"{label}: raised {type(exc).__name__}: {exc}")
+            return CaseResult(name, False, f"{label}: raised {type(exc).__name__}: {exc}")
         if reads:
-            return ProbeCase(name, False, f"{label}: the residual was read ({reads}), error swallowed")
+            return CaseResult(name, False, f"{label}: the residual was read ({reads}), error swallowed")
         spec = bench.spec
         staged = min(n, spec._num_graph_context_tokens(3))
         if not torch.equal(spec._aux_staging[:staged], bench.reference(0, staged)):
-            return ProbeCase(name, False, f"{label}: staged rows differ from the aux states")
+            return CaseResult(name, False, f"{label}: staged rows differ from the aux states")
         if staged < n:
             want = bench.reference(staged, n) @ bench.weight
             if not torch.allclose(spec.hidden_states[staged:n], want, rtol=1e-5, atol=1e-5):
-                return ProbeCase(name, False, f"{label}: rows past the graph's are not the projected aux states")
+                return CaseResult(name, False, f"{label}: rows past the graph's are not the projected aux states")
         done.append(f"{label}: {staged} staged, {n - staged} projected")
-    return ProbeCase(name, True, "; ".join(done) + "; the poison residual was never read")
+    return CaseResult(name, True, "; ".join(done) + "; the poison residual was never read")
 
 
-def graph_forward_case(torch, compiled, methods, pad_slot: int) -> ProbeCase:
+def graph_forward_case(torch, compiled, methods, pad_slot: int) -> CaseResult:
     name = C_CAPTURE
     if GRAPH_FORWARD_METHOD not in compiled or REPLAY_METHOD not in compiled:
-        return ProbeCase(name, False, f"{CONSUMER_CLASS}.{GRAPH_FORWARD_METHOD} not resolved")
+        return CaseResult(name, False, f"{CONSUMER_CLASS}.{GRAPH_FORWARD_METHOD} not resolved")
     rel, cname, fn = methods[GRAPH_FORWARD_METHOD]
     if RESIDUAL_PARAM in _params(fn):
-        return ProbeCase(name, False, f"{cname}.{GRAPH_FORWARD_METHOD} ({rel}) receives "
+        return CaseResult(name, False, f"{cname}.{GRAPH_FORWARD_METHOD} ({rel}) receives "
                          f"{RESIDUAL_PARAM}: the captured graph would read the residual")
     bench = SpeculatorBench(torch, compiled, pad_slot)
     poison = make_poison(torch, bench.max_tokens, bench.draft_hidden, [])
@@ -1102,12 +1102,12 @@ def graph_forward_case(torch, compiled, methods, pad_slot: int) -> ProbeCase:
                                            torch.zeros(3, dtype=torch.int32), False)
         getattr(bench.spec, GRAPH_FORWARD_METHOD)(3, None)
     except Exception as exc:
-        return ProbeCase(name, False, f"raised {type(exc).__name__}: {exc}")
+        return CaseResult(name, False, f"raised {type(exc).__name__}: {exc}")
     want = bench.reference(0, 11) @ bench.weight
     if not torch.allclose(bench.spec.hidden_states[:11], want, rtol=1e-5, atol=1e-5):
-        return ProbeCase(name, False, "the graph's context rows are not the staged aux states "
+        return CaseResult(name, False, "the graph's context rows are not the staged aux states "
                          "through the draft projection")
-    return ProbeCase(name, True, f"{cname}.{GRAPH_FORWARD_METHOD} ({rel}) takes no residual and "
+    return CaseResult(name, True, f"{cname}.{GRAPH_FORWARD_METHOD} ({rel}) takes no residual and "
                      "fills the graph's context rows from the staged aux states (11 rows match)")
 
 # --- census: every reference to the buffer, its accessor and the drafter helper ------
@@ -1379,40 +1379,40 @@ def run_census(sources: Sources, mro_classes: set[tuple[str, str]]) -> tuple[lis
     return refs, problems
 
 
-def census_case(refs: list[Ref], problems: list[str]) -> ProbeCase:
+def census_case(refs: list[Ref], problems: list[str]) -> CaseResult:
     bad = [r for r in refs if r.failing]
     if bad or problems:
         named = [f"{r.rel}:{r.line} {r.function} ({r.symbol}, {r.kind}): {r.why}" for r in bad]
-        return ProbeCase(C_CENSUS, False, "; ".join([*named, *problems]))
+        return CaseResult(C_CENSUS, False, "; ".join([*named, *problems]))
     reached = [r for r in refs if r.reached]
-    return ProbeCase(C_CENSUS, True, f"{len(refs)} references, {len(reached)} on the path, "
+    return CaseResult(C_CENSUS, True, f"{len(refs)} references, {len(reached)} on the path, "
                      "every one None-safe (see the census)")
 
 
-def forward_case(refs: list[Ref]) -> ProbeCase:
+def forward_case(refs: list[Ref]) -> CaseResult:
     site = [r for r in refs if r.rel == MODEL_FILE and r.function == f"{MODEL_CLASS}.forward"
             and r.symbol == BUFFER_ATTR]
     if not site:
-        return ProbeCase(C_FORWARD, False, f"no reference to {BUFFER_ATTR} in "
+        return CaseResult(C_FORWARD, False, f"no reference to {BUFFER_ATTR} in "
                          f"{MODEL_CLASS}.forward ({MODEL_FILE}): the census cannot vouch for the copy")
     bad = [r for r in site if not r.none_safe]
     if bad:
-        return ProbeCase(C_FORWARD, False, "; ".join(f"{MODEL_FILE}:{r.line}: {r.why}" for r in bad))
-    return ProbeCase(C_FORWARD, True, f"{len(site)} references in {MODEL_CLASS}.forward, all "
+        return CaseResult(C_FORWARD, False, "; ".join(f"{MODEL_FILE}:{r.line}: {r.why}" for r in bad))
+    return CaseResult(C_FORWARD, True, f"{len(site)} references in {MODEL_CLASS}.forward, all "
                      "under `is not None`: " + ", ".join(f"line {r.line}" for r in site))
 
 
-def runner_case(refs: list[Ref]) -> ProbeCase:
+def runner_case(refs: list[Ref]) -> CaseResult:
     site = [r for r in refs if r.rel == V2_RUNNER_FILE]
     calls = [r for r in site if r.kind == "helper call"]
     other = [r for r in site if r.symbol != DRAFTER_FN or not r.none_safe]
     if other:
-        return ProbeCase(C_RUNNER, False, "; ".join(
+        return CaseResult(C_RUNNER, False, "; ".join(
             f"{r.rel}:{r.line} {r.function} reads {r.symbol} ({r.kind}): {r.why}" for r in other))
     if not calls:
-        return ProbeCase(C_RUNNER, False, f"{V2_RUNNER_FILE} never calls {DRAFTER_FN}: "
+        return CaseResult(C_RUNNER, False, f"{V2_RUNNER_FILE} never calls {DRAFTER_FN}: "
                          "the census cannot vouch for how the drafter gets hidden states")
-    return ProbeCase(C_RUNNER, True, f"{len(calls)} call sites ("
+    return CaseResult(C_RUNNER, True, f"{len(calls)} call sites ("
                      + ", ".join(f"{r.function} line {r.line}" for r in calls)
                      + f"), no direct read of {BUFFER_ATTR} or {ACCESSOR}")
 
@@ -1430,9 +1430,9 @@ def _failed(exc: Exception) -> str:
     return str(exc) if isinstance(exc, Missing) else f"{type(exc).__name__}: {exc}"
 
 
-def run_cases(site: Path, torch) -> tuple[list[ProbeCase], list[Ref]]:
+def run_cases(site: Path, torch) -> tuple[list[CaseResult], list[Ref]]:
     sources = Sources(site)
-    cases: list[ProbeCase] = []
+    cases: list[CaseResult] = []
 
     try:
         envs, envs_problem = load_envs(sources)
@@ -1445,11 +1445,11 @@ def run_cases(site: Path, torch) -> tuple[list[ProbeCase], list[Ref]]:
     spec_cls, methods = None, []
     try:
         spec_cls, methods = load_spec_config_class(sources)
-        cases.append(ProbeCase(C_METHODS, "dspark" in methods and "dflash" in methods,
+        cases.append(CaseResult(C_METHODS, "dspark" in methods and "dflash" in methods,
                                f"{len(methods)} methods from {SPEC_METHOD_LITERAL} in "
                                f"{SPEC_CONFIG_FILE}: {', '.join(methods)}"))
     except Exception as exc:
-        cases.append(ProbeCase(C_METHODS, False, _failed(exc)))
+        cases.append(CaseResult(C_METHODS, False, _failed(exc)))
     mro: list[tuple[str, ast.ClassDef]] = []
     mro_problem = ""
     try:
@@ -1466,31 +1466,31 @@ def run_cases(site: Path, torch) -> tuple[list[ProbeCase], list[Ref]]:
     try:
         decision = Decision(sources, envs)
         if decision.problems:
-            cases.append(ProbeCase(C_IMPORTS, False, "; ".join(decision.problems)))
+            cases.append(CaseResult(C_IMPORTS, False, "; ".join(decision.problems)))
             decision = None
         else:
-            cases.append(ProbeCase(C_IMPORTS, True, f"{DECISION_FN} in {MODEL_FILE}: "
+            cases.append(CaseResult(C_IMPORTS, True, f"{DECISION_FN} in {MODEL_FILE}: "
                                    + (", ".join(decision.resolved) or "no imported names")))
     except Exception as exc:
-        cases.append(ProbeCase(C_IMPORTS, False, _failed(exc)))
+        cases.append(CaseResult(C_IMPORTS, False, _failed(exc)))
     if decision is None:
-        cases.append(ProbeCase(C_RESOLVER, False, f"{DECISION_FN} could not be loaded"))
+        cases.append(CaseResult(C_RESOLVER, False, f"{DECISION_FN} could not be loaded"))
     elif resolver is None:
-        cases.append(ProbeCase(C_RESOLVER, False, f"the runner's resolver: {resolver_file}"))
+        cases.append(CaseResult(C_RESOLVER, False, f"the runner's resolver: {resolver_file}"))
     elif decision.resolver_from is None:
-        cases.append(ProbeCase(C_RESOLVER, False, f"{DECISION_FN} does not call "
+        cases.append(CaseResult(C_RESOLVER, False, f"{DECISION_FN} does not call "
                                f"{AUX_RESOLVER_FN}: it bypasses the runner's layer-id resolver"))
     elif decision.resolver_from[0] != resolver_file:
-        cases.append(ProbeCase(C_RESOLVER, False, f"{DECISION_FN} takes {AUX_RESOLVER_FN} from "
+        cases.append(CaseResult(C_RESOLVER, False, f"{DECISION_FN} takes {AUX_RESOLVER_FN} from "
                                f"{decision.resolver_from[0]}, the runner from {resolver_file}"))
     else:
-        cases.append(ProbeCase(C_RESOLVER, True, f"{AUX_RESOLVER_FN} from {resolver_file}, the "
+        cases.append(CaseResult(C_RESOLVER, True, f"{AUX_RESOLVER_FN} from {resolver_file}, the "
                                f"module {CONSUMER_CLASS}'s bases import it from"))
     ready = decision is not None and spec_cls is not None and resolver is not None
     cases.extend(decision_cases(torch, decision if ready else None, spec_cls, methods, resolver))
     cases.append(invalid_flag_case(torch, decision if ready else None, spec_cls, methods))
     if spec_cls is None:
-        cases.append(ProbeCase(C_ALLOC, False, f"{SPEC_CONFIG_CLASS} could not be loaded"))
+        cases.append(CaseResult(C_ALLOC, False, f"{SPEC_CONFIG_CLASS} could not be loaded"))
     else:
         cases.append(allocation_case(torch, sources, decision, envs, spec_cls))
 
@@ -1503,9 +1503,9 @@ def run_cases(site: Path, torch) -> tuple[list[ProbeCase], list[Ref]]:
         rel, cname, fn_def = resolved[CONSUMER_METHOD]
         consumer = compile_function(fn_def, {"torch": torch}, rel)
         chain = " -> ".join(f"{c.name} ({r})" for r, c in mro[: [c.name for _r, c in mro].index(cname) + 1])
-        cases.append(ProbeCase(C_RESOLUTION, True, f"{CONSUMER_CLASS}.{CONSUMER_METHOD} from {chain}"))
+        cases.append(CaseResult(C_RESOLUTION, True, f"{CONSUMER_CLASS}.{CONSUMER_METHOD} from {chain}"))
     else:
-        cases.append(ProbeCase(C_RESOLUTION, False, mro_problem or
+        cases.append(CaseResult(C_RESOLUTION, False, mro_problem or
                                f"{CONSUMER_METHOD} is not defined on {CONSUMER_CLASS} or its bases"))
     for branch in ("ordinary", "partial-graph-staging", "all-staged"):
         cases.append(consumer_branch_case(torch, consumer, branch))
@@ -1515,7 +1515,7 @@ def run_cases(site: Path, torch) -> tuple[list[ProbeCase], list[Ref]]:
     cases.append(replay_case(torch, compiled, pad_slot))
     cases.append(graph_forward_case(torch, compiled, resolved, pad_slot))
     cases.append(residual_passing_case(resolved) if resolved else
-                 ProbeCase(C_PASSES, False, mro_problem or f"{CONSUMER_CLASS} not resolved"))
+                 CaseResult(C_PASSES, False, mro_problem or f"{CONSUMER_CLASS} not resolved"))
     cases.append(drafter_fallback_case(torch, sources))
 
     # The census: every reader of the buffer in the installed tree.
@@ -1527,10 +1527,10 @@ def run_cases(site: Path, torch) -> tuple[list[ProbeCase], list[Ref]]:
         cases.append(census_case(refs, problems))
     except Exception as exc:
         for name in (C_FORWARD, C_RUNNER, C_CENSUS):
-            cases.append(ProbeCase(name, False, f"census failed: {_failed(exc)}"))
+            cases.append(CaseResult(name, False, f"census failed: {_failed(exc)}"))
 
     loaded = sorted(m for m in sys.modules if m == "vllm" or m.startswith("vllm."))
-    cases.append(ProbeCase(C_NO_VLLM, not loaded,
+    cases.append(CaseResult(C_NO_VLLM, not loaded,
                            f"vllm modules imported: {loaded}" if loaded else
                            "no vllm module was imported"))
     return cases, refs
