@@ -121,6 +121,11 @@ class DockerEngine:
                         hint="check that the registry is running and reachable from the engine",
                     )
                 digest = (event.get("aux") or {}).get("Digest", digest)
+                # Podman's compatible API reports the digest only in the status line
+                # ("TAG: digest: sha256:... size: N"), never as `aux`.
+                status = str(event.get("status") or "")
+                if digest is None and ": digest: sha256:" in status:
+                    digest = status.split(": digest: ", 1)[1].split()[0]
         except docker.errors.APIError as exc:
             raise EnvironmentProblem(f"pushing {tag} failed: {reason(exc)}") from exc
         if digest is None:
