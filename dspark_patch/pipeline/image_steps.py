@@ -26,6 +26,10 @@ def take_layer(target: ImageCapable, dist: Distribution, plan: PatchPlan, pyc_be
     The layer is made of exactly those paths, so nothing else can be in it; what is checked
     here is that the planned files hold the planned bytes."""
     with run.step("layer"):
+        deleted = [fp.path for fp in plan.files if fp.post is None]
+        if deleted:  # the layer would need a whiteout entry, which take_layer does not write yet
+            raise LayerMismatch(f"the patch deletes {deleted[0]}, and deleting a file from an image is not supported yet",
+                                hint="nothing was committed; patch a local tree (--root) instead")
         files = [fp.path for fp in plan.files if fp.post is not None]
         bytecode = [pyc for pyc in bytecode_paths(plan, dist) if run.draft.compile.ran]
         entries = target.take_layer([*files, *bytecode])
