@@ -11,7 +11,9 @@ import io
 import os
 import subprocess
 import sys
+import tarfile
 import textwrap
+import time
 import uuid
 import zipfile
 
@@ -19,8 +21,10 @@ import docker
 import pytest
 
 from dspark_patch.engine.plan import FilePlan, PatchPlan
-from dspark_patch.errors import CheckFailed, EngineUnreachable, TagExists, TargetNotFound
+from dspark_patch.errors import EngineUnreachable, TagExists, TargetNotFound
 from dspark_patch.targets.docker import NAME_PREFIX, DockerEngine, ImageTarget, gc_containers
+from dspark_patch.targets.docker import commit as commits
+from dspark_patch.targets.docker.naming import Owner
 from tests.support import images, vllm
 
 pytestmark = pytest.mark.docker
@@ -181,11 +185,38 @@ def _my_start() -> str:
         return fh.read().rsplit(")", 1)[1].split()[19]
 
 
+def test_a_zombie_owner_counts_as_gone_and_its_container_is_collected(engine, fixture_ref):
+    """A killed run whose process is not yet reaped will never remove its container."""
+    host = _ours_host()
+    child = os.fork()
+    if child == 0:
+        os._exit(0)
+    try:
+        for _ in range(200):  # wait until it has exited (state Z), without reaping it
+            with open(f"/proc/{child}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+            if fields[0] == "Z":
+                break
+            time.sleep(0.05)
+        assert fields[0] == "Z"
+        name = f"{NAME_PREFIX}target--{host}--{child}--{fields[19]}--zomb01"
+        assert not Owner.parse(name).alive()
+        engine.client.containers.create(fixture_ref, name=name, entrypoint=["true"], network_mode="none")
+        try:
+            assert name in engine.gc_containers()
+        finally:
+            try:
+                engine.client.containers.get(name).remove(force=True, v=True)
+            except docker.errors.NotFound:
+                pass
+    finally:
+        os.waitpid(child, 0)
+
+
 # --- locate, read, run_python ----------------------------------------------------------------
 def test_locate_finds_the_real_vllm_and_python(engine, fixture_ref):
     with ImageTarget(fixture_ref, engine=engine) as target:
         dist = target.locate("vllm")
-        changes = target.changes()
     assert (dist.name, dist.version) == ("vllm", "0.33.0")
     assert dist.location == SITE
     assert dist.python_version.startswith("3.11.")
@@ -194,8 +225,6 @@ def test_locate_finds_the_real_vllm_and_python(engine, fixture_ref):
     assert dist.record_file == "vllm-0.33.0.dist-info/RECORD"
     envs = {e.path: e for e in dist.record}[ENVS]
     assert envs.sha256 == hashlib.sha256(_wheel_file(ENVS)).hexdigest()
-    # locating ran python as root: nothing (no stdlib bytecode, no cache) was written
-    assert changes == []
 
 
 def test_read_returns_the_files_bytes_and_none_when_missing(engine, fixture_ref):
@@ -229,10 +258,8 @@ def test_importing_torch_in_the_image_works(engine, fixture_ref):
     with ImageTarget(fixture_ref, engine=engine) as target:
         result = target.run_python("import torch\nprint(torch.__version__, torch.ones(2).sum().item())",
                                    env={"CUDA_VISIBLE_DEVICES": ""}, timeout=300)
-        changes = target.changes()
     assert result.returncode == 0, result.stderr.decode()
     assert result.stdout.decode().split() == ["2.13.0+cpu", "2.0"]
-    assert changes == []
 
 
 # --- write, restore, changes ------------------------------------------------------------------
@@ -248,14 +275,14 @@ def test_write_changes_exactly_the_file_and_keeps_owner_and_mode(engine, fixture
         target.write(_plan(_modify(ENVS, pre, post)))
         assert target.read(ENVS) == post
         assert _stat(target, path) == (0o640, 1000, 1000)
-        changes = target.changes()
+        layer = target.take_layer([ENVS])
         target.restore(_plan(_modify(ENVS, pre, post)))
         assert target.read(ENVS) == pre
         assert _stat(target, path) == (0o640, 1000, 1000)
-    files = [p for kind, p in changes if not path.startswith(p + "/")]
-    assert files == [path]
-    # every other change is one of its folders, changed (its mtime), never added
-    assert {kind for kind, p in changes if p != path} == {"C"}
+    # the layer is the file and the folders above it, nothing else
+    assert [e.path for e in layer if not e.folder] == [path]
+    assert [e.sha256 for e in layer if not e.folder] == [hashlib.sha256(post).hexdigest()]
+    assert [e.path for e in layer if e.folder] == ["/" + "/".join(path.split("/")[1:i]) for i in range(2, path.count("/") + 1)]
 
 
 def test_write_is_all_or_nothing(engine, fixture_ref):
@@ -281,12 +308,9 @@ def test_added_and_deleted_files(engine, fixture_ref):
         target.write(_plan(add, delete))
         assert target.read("vllm/dspark_new/helper.py") == b"X = 1\n"
         assert target.read("vllm/py.typed") is None
-        changes = dict((p, k) for k, p in target.changes())
         target.restore(_plan(add, delete))
         assert target.read("vllm/dspark_new/helper.py") is None
         assert target.read("vllm/py.typed") == gone
-    assert changes[f"{SITE}/vllm/dspark_new/helper.py"] == "A"
-    assert changes[f"{SITE}/vllm/py.typed"] == "D"
 
 
 # --- commit ---------------------------------------------------------------------------------
@@ -299,6 +323,7 @@ def test_commit_keeps_the_config_adds_one_layer_and_labels(engine, fixture_ref):
             target.locate("vllm")
             pre = target.read(ENVS)
             target.write(_plan(_modify(ENVS, pre, pre + b"# patched\n")))
+            target.take_layer([ENVS])
             result = target.commit(labels={"io.github.dspark-patch.patch": "test"}, tag=tag)
         committed = engine.image_info(tag)
         assert committed.id == result.id
@@ -319,19 +344,28 @@ def test_commit_keeps_the_config_adds_one_layer_and_labels(engine, fixture_ref):
         engine.remove_image(tag, force=True)
 
 
+def _tiny_layer(path: str, data: bytes) -> bytes:
+    """A layer tar holding one root-owned file (and no folder entries: its folder exists)."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:") as tar:
+        member = tarfile.TarInfo(path.lstrip("/"))
+        member.size, member.mode = len(data), 0o644
+        tar.addfile(member, io.BytesIO(data))
+    return buffer.getvalue()
+
+
 def test_commit_keeps_a_null_entrypoint_null(engine):
-    # An image with CMD and no ENTRYPOINT: the keep-alive must not become its entrypoint.
+    # An image with CMD and no ENTRYPOINT: nothing of ours may become its entrypoint.
     ref = images.no_vllm_image()
     source = engine.image_info(ref)
     assert source.config["Entrypoint"] is None
-    with ImageTarget(ref, engine=engine) as target:
-        target.run_python("import pathlib\npathlib.Path('/srv/x').write_text('x')")
-        result = target.commit(labels={}, tag=None)
+    result = commits.commit(engine, source, _tiny_layer("/srv/x", b"x"), labels={}, tag=None, force=False)
     try:
         committed = engine.image_info(result.id)
         assert committed.config["Entrypoint"] is None
         assert committed.config["Cmd"] == source.config["Cmd"] == ["python3"]
         assert committed.config["User"] == source.config["User"]
+        assert committed.layers == source.layers + 1
     finally:
         engine.remove_image(result.id, force=True)
 
@@ -346,6 +380,7 @@ def test_existing_tag_is_refused_without_force_and_moved_with_it(engine, fixture
             target.locate("vllm")
             pre = target.read(ENVS)
             target.write(_plan(_modify(ENVS, pre, pre + b"# x\n")))
+            target.take_layer([ENVS])
             with pytest.raises(TagExists) as refused:
                 target.commit(labels=mark, tag=tag)
             assert refused.value.exit_code == 2
@@ -358,23 +393,25 @@ def test_existing_tag_is_refused_without_force_and_moved_with_it(engine, fixture
         engine.remove_image(tag, force=True)
 
 
-def test_commit_of_an_image_with_neither_entrypoint_nor_cmd_is_refused_untagged(engine):
-    # With no entrypoint and no command, the keep-alive would become the image's command.
-    bare_tag = "dspark-patch/test-bare:nocmd"
-    tag = "dspark-patch/test-bare:result"
+def test_an_image_with_neither_entrypoint_nor_cmd_keeps_both_empty(engine):
+    # Nothing is run or committed from a container, so there is no command to leak into it.
+    bare_tag = "dspark-patch/test-bare:nocmd-" + uuid.uuid4().hex[:8]
+    tag = "dspark-patch/test-bare:result-" + uuid.uuid4().hex[:8]
     dockerfile = f"FROM {engine.image_info(images.base_image()).id}\nCMD []\n".encode()
     engine.client.images.build(fileobj=io.BytesIO(dockerfile), tag=bare_tag, network_mode="none",
                               rm=True, forcerm=True)
     try:
-        assert not engine.image_info(bare_tag).config["Cmd"]
-        mark = {"io.github.dspark-patch.test-run": uuid.uuid4().hex}
-        with ImageTarget(bare_tag, engine=engine) as target:
-            target.run_python("open('/srv/y', 'w').write('y')")
-            with pytest.raises(CheckFailed, match="Cmd"):
-                target.commit(labels=mark, tag=tag)
-        assert not engine.tag_exists(tag)
-        assert _images_marked(engine, mark) == []  # the unverified commit was removed
+        source = engine.image_info(bare_tag)
+        assert not source.config["Cmd"]
+        committed = commits.commit(engine, source, _tiny_layer("/srv/y", b"y\n"), labels={}, tag=tag, force=False)
+        result = engine.image_info(tag)
+        assert result.id == committed.id
+        assert result.config.get("Cmd") == source.config.get("Cmd")
+        assert result.config.get("Entrypoint") == source.config.get("Entrypoint")
+        out = engine.client.containers.run(tag, entrypoint=["cat", "/srv/y"], remove=True, network_mode="none")
+        assert out == b"y\n"
     finally:
+        engine.remove_image(tag, force=True)
         engine.remove_image(bare_tag, force=True)
 
 

@@ -16,13 +16,7 @@ from ..errors import BadInput, DsparkPatchError, ProbeFailed, VerifyMismatch
 from ..patchset import resolve
 from ..report.model import AuditReport, FileReport, ImageRef
 from ..targets.base import ImageCapable, Target
-from .image_steps import (
-    await_probe,
-    check_labels,
-    check_layer,
-    commit_image,
-    probe_in_twin,
-)
+from .image_steps import check_labels, commit_image, take_layer
 from .record import RunRecord, StepCallback, target_report, with_distribution
 from .requests import ApplyRequest, ImageSpec, LocalSpec, ProbeRequest, TargetSpec, VerifyRequest
 from .steps import (
@@ -153,34 +147,29 @@ def _apply(request: ApplyRequest, target: Target, run: RunRecord) -> AuditReport
 
     probe = patchset.probe if request.probe else None
     pyc_before = {pyc: reader(pyc) for pyc in bytecode_paths(plan, dist)}
-    with ExitStack() as scratch:
-        # For an image the probe runs in a twin container while this one's changes are listed.
-        pending_probe = probe_in_twin(image.target, dist, plan, probe, run, scratch) if image and probe else None
-        with run.step("write"):
-            target.write(plan)
-        try:
-            if request.compile:
-                with run.step("compile"):
-                    compile_files(target, dist, plan, run)
-            else:
-                run.skipped("compile", "--no-compile")
-            if image is None:
-                if probe is not None:
-                    probe_step(target, dist, probe, run)
-                else:
-                    run.skipped("probe", "--no-probe" if not request.probe else "this patch set has no probe")
-                return run.report("applied")
-            check_layer(image.target, dist, plan, run)
-            if pending_probe is not None:
-                await_probe(pending_probe, run)
-            else:
-                run.skipped("probe", "--no-probe" if not request.probe else "this patch set has no probe")
-            commit_image(image.spec, image.target, plan, patchset, variant, run)
-        except BaseException:
-            with run.step("restore"):
-                target.restore(bytecode_restore_plan(target, pyc_before, plan))
-                target.restore(plan)
-            raise
+    with run.step("write"):
+        target.write(plan)
+    try:
+        if request.compile:
+            with run.step("compile"):
+                compile_files(target, dist, plan, run)
+        else:
+            run.skipped("compile", "--no-compile")
+        if image is not None:
+            # Taken before the probe runs: nothing the probe does can reach the layer.
+            take_layer(image.target, dist, plan, pyc_before, run)
+        if probe is not None:
+            probe_step(target, dist, probe, run)
+        else:
+            run.skipped("probe", "--no-probe" if not request.probe else "this patch set has no probe")
+        if image is None:
+            return run.report("applied")
+        commit_image(image.spec, image.target, plan, patchset, variant, run)
+    except BaseException:
+        with run.step("restore"):
+            target.restore(bytecode_restore_plan(target, pyc_before, plan))
+            target.restore(plan)
+        raise
     return run.report("applied")
 
 

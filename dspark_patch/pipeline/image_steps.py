@@ -1,75 +1,52 @@
-"""Steps only an image target has: the probe in a twin container, the exact-layer check,
-the labels, the commit and the push."""
+"""Steps only an image target has: taking the new layer (exactly the patched files, their
+bytecode and folders), the labels, the commit and the push."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-import time
-from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import ExitStack
-from pathlib import Path
 
 from .. import __version__
 from ..engine.plan import PatchPlan
-from ..errors import DsparkPatchError, LayerMismatch
+from ..errors import LayerMismatch
 from ..patchset import PatchSet, Variant
-from ..probe.run import run_probe
-from ..report.model import ImageRef, LayerChange, LayerReport, ProbeReport, StepReport
+from ..report.model import ImageRef, LayerChange, LayerReport
 from ..targets.base import Distribution, ImageCapable
 from .record import RunRecord
 from .requests import ImageSpec
-from .steps import bytecode_paths, probe_failure
+from .steps import bytecode_paths
 
 LABEL_PREFIX = "io.github.dspark-patch"
 
 
-def probe_in_twin(target: ImageCapable, dist: Distribution, plan: PatchPlan, probe: Path, run: RunRecord,
-                  scratch: ExitStack) -> Future:
-    """Start the probe in a twin container of the source image holding the same post-images.
+def take_layer(target: ImageCapable, dist: Distribution, plan: PatchPlan, pyc_before: dict[str, bytes | None],
+               run: RunRecord) -> None:
+    """Take the new layer from the target: the planned files, their bytecode and folders.
 
-    Nothing the probe does can reach the committed layer, and it overlaps the engine's slow
-    listing of this container's changes. The twin is entered here, in the main thread (its
-    SIGTERM handling needs that); on any failure it is removed before the worker is awaited."""
-    pool = scratch.enter_context(ThreadPoolExecutor(max_workers=1, thread_name_prefix="probe"))
-    with run.step("probe container"):
-        twin = scratch.enter_context(target.twin())
-
-    def job() -> tuple[ProbeReport, float]:
-        start = time.monotonic()
-        twin.write(plan)
-        return run_probe(twin, dist, probe), time.monotonic() - start
-
-    run.notes.append("the probe ran in a disposable twin container of the source image holding the same "
-                     "post-images; it was removed afterwards, so nothing the probe did is in the result")
-    return pool.submit(job)
-
-
-def await_probe(pending: Future, run: RunRecord) -> None:
-    start = time.monotonic()
-    try:
-        report, seconds = pending.result()
-    except DsparkPatchError as exc:
-        run.record(StepReport(name="probe", status="failed", seconds=time.monotonic() - start, detail=exc.line()))
-        raise
-    run.update(probe=report)
-    waited = time.monotonic() - start
-    detail = f"in a twin container; {waited:.2f}s of it not overlapped with the layer scan"
-    run.record(StepReport(name="probe", status="ok" if report.ok else "failed", seconds=seconds, detail=detail))
-    if not report.ok:
-        raise probe_failure(report)
-
-
-def check_layer(target: ImageCapable, dist: Distribution, plan: PatchPlan, run: RunRecord) -> None:
+    The layer is made of exactly those paths, so nothing else can be in it; what is checked
+    here is that the planned files hold the planned bytes."""
     with run.step("layer"):
-        changes = tuple(LayerChange(kind=k, path=p) for k, p in target.changes())
+        deleted = [fp.path for fp in plan.files if fp.post is None]
+        if deleted:  # the layer would need a whiteout entry, which take_layer does not write yet
+            raise LayerMismatch(f"the patch deletes {deleted[0]}, and deleting a file from an image is not supported yet",
+                                hint="nothing was committed; patch a local tree (--root) instead")
+        files = [fp.path for fp in plan.files if fp.post is not None]
+        bytecode = [pyc for pyc in bytecode_paths(plan, dist) if run.draft.compile.ran]
+        entries = target.take_layer([*files, *bytecode])
+        new = {f"{dist.location}/{fp.path}" for fp in plan.files if fp.pre is None}
+        new |= {f"{dist.location}/{pyc}" for pyc, old in pyc_before.items() if old is None}
+        # A file is "A" when the image had none there; folders are listed as "C" (they are in
+        # the layer as the image has them, owner and mode kept).
+        changes = tuple(LayerChange(kind="A" if e.path in new else "C", path=e.path) for e in entries)
+        planned = {f"{dist.location}/{fp.path}": fp.post_sha256 for fp in plan.files if fp.post is not None}
         expected = expected_layer(plan, dist)
-        unexpected = tuple(c for c in changes if c.path not in expected)
+        unexpected = tuple(c for c, e in zip(changes, entries, strict=True)
+                           if c.path not in expected or (c.path in planned and e.sha256 != planned[c.path]))
         run.update(layer=LayerReport(ok=not unexpected, changes=changes, unexpected=unexpected))
         if unexpected:
             shown = ", ".join(f"{c.kind} {c.path}" for c in unexpected[:5])
             raise LayerMismatch(
-                f"the container changed more than the patched files: {shown}",
+                f"the new layer would differ from the patched files: {shown}",
                 hint="nothing was committed; report this as a bug with the audit report",
             )
 
@@ -96,7 +73,7 @@ def expected_layer(plan: PatchPlan, dist: Distribution) -> set[str]:
         if fp.path.endswith(".py") and fp.post is not None:
             folder = full.rpartition("/")[0]
             paths.add(f"{folder}/__pycache__")
-        # every folder above a changed file shows as changed ("C") in the container's diff
+        # every folder above a file is in the layer (as a commit of a container would have it)
         parts = full.split("/")
         for i in range(2, len(parts)):
             paths.add("/".join(parts[:i]))

@@ -2,14 +2,13 @@
 
 Two kinds exist: a local site-packages folder (`targets.local.LocalTree`) and a container made
 from an image (`targets.docker.ImageTarget`). The pipeline talks to `Target`, so the same plan,
-hash checks and report serve both; the steps only an image has (twin probe, layer check,
-labels, commit, tag, push) ask for `ImageCapable`, checked once per run.
+hash checks and report serve both; the steps only an image has (layer, labels,
+commit, tag, push) ask for `ImageCapable`, checked once per run.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
@@ -59,6 +58,13 @@ class CommittedImage:
     ref: str                  # the tag given, or the id when committed without a tag
     id: str
     layers: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerEntry:
+    path: str                 # absolute, inside the image
+    folder: bool
+    sha256: str | None        # a file's content digest; None for a folder
 
 
 class Target(Protocol):
@@ -116,13 +122,11 @@ class ImageCapable(Target, Protocol):
     The pipeline checks for it once (`isinstance(target, ImageCapable)`) and hands the result
     to the image-only steps, which are typed with it."""
 
-    def twin(self) -> AbstractContextManager[Target]:
-        """A scratch copy of the same source image holding what `locate` found here; entering
-        it starts a container that nothing of this target's result can see."""
-        ...
-
-    def changes(self) -> list[tuple[ChangeKind, str]]:
-        """The container's filesystem changes against its image (what a commit would bake)."""
+    def take_layer(self, paths: Sequence[str]) -> tuple[LayerEntry, ...]:
+        """Take the new layer from the target as it is now: exactly the files `paths` (relative
+        to `location`) and the folders above them, with their owner, mode and bytes. `commit`
+        builds the image from it; what happens in the target afterwards (the probe) cannot
+        reach it."""
         ...
 
     def source_labels(self) -> Mapping[str, str]:
@@ -134,8 +138,8 @@ class ImageCapable(Target, Protocol):
         ...
 
     def commit(self, *, labels: Mapping[str, str], tag: str | None, force: bool = False) -> CommittedImage:
-        """One new layer on top of the source, its config kept and `labels` added; tagged only
-        once verified."""
+        """One new layer (the one `take_layer` took) on top of the source, its config kept and
+        `labels` added; tagged only once verified."""
         ...
 
     def tag_source(self, tag: str, *, force: bool) -> CommittedImage:

@@ -4,8 +4,9 @@ One idea a module:
   engine.py     DockerEngine: connect, images (inspect, tag, push, remove), our containers
                 (list, gc), and `started` (an image run with its own entrypoint)
   naming.py     our containers' names and who owns one (the only place that decides either)
-  container.py  WorkContainer: one keep-alive container; call, copy_out, copy_into, changes
-  commit.py     one layer on top of the source with the source's config kept, then checked
+  container.py  WorkContainer: one keep-alive container; call, copy_out, copy_into (never committed)
+  append.py     the source plus one layer tar, config kept, loaded as a `docker load` archive
+  commit.py     that image checked (one more layer, config field by field), then tagged
   signals.py    SIGTERM -> SystemExit while a container is alive, so it is removed
   target.py     ImageTarget: the Target protocol and ImageCapable on top of those
 """

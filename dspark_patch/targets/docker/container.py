@@ -1,12 +1,12 @@
 """One container kept alive from an image, and the few operations everything else is built on:
-`call` (exec), `copy_out` / `copy_into` (one file, owner and mode kept), `changes`, `commit_layer`.
+`call` (exec), `copy_out` / `copy_into` (one file, owner and mode kept). It is never
+committed: the new layer is taken from it as a tar (target.py `take_layer`).
 
 Use it as a context manager: the container is created and started on entry and force-removed
 on every way out, also when starting fails or SIGTERM arrives; `DSPARK_PATCH_KEEP_CONTAINER=1`
 keeps it for debugging and leaves a note saying how to remove it.
 
-Everything run here runs as root with its environment given per exec (never on the container's
-config: a commit would copy it into the image).
+Everything run here runs as root with its environment given per exec.
 """
 
 from __future__ import annotations
@@ -23,16 +23,13 @@ from typing import TYPE_CHECKING, Any
 import docker.errors
 
 from ...errors import EnvironmentProblem, UnsafePatch
-from ..base import ChangeKind, RunResult
+from ..base import RunResult
 from .engine import DockerEngine, reason
 from .naming import KEEP_ENV, container_name, keep_requested
 from .signals import terminate_raises
 
 if TYPE_CHECKING:
     from docker.models.containers import Container
-
-_DIFF_KINDS: dict[int, ChangeKind] = {0: "C", 1: "A", 2: "D"}
-
 
 @dataclass(frozen=True, kw_only=True)
 class FileMeta:
@@ -209,21 +206,6 @@ class WorkContainer:
     def delete(self, absolute: str) -> None:
         self._python_op("import os, sys\nos.remove(sys.argv[1])", absolute,
                         failed=f"could not delete {absolute} in the container")
-
-    # --- what a commit would bake ---------------------------------------------------------
-    def changes(self) -> list[tuple[ChangeKind, str]]:
-        """The container's filesystem changes against the image (what a commit would bake)."""
-        diff = self.container.diff() or []
-        return sorted((_DIFF_KINDS[d["Kind"]], d["Path"]) for d in diff)
-
-    def commit_layer(self, config: Mapping[str, Any]) -> str:
-        """Commit the container's changes as one image with exactly `config`; its id.
-        (See commit.py for why the config must be complete.)"""
-        try:
-            image = self.container.commit(conf=dict(config), message="dspark-patch", author="dspark-patch", pause=True)
-        except docker.errors.APIError as exc:
-            raise EnvironmentProblem(f"committing the patched container failed: {reason(exc)}") from exc
-        return str(image.id)
 
     # --- internals ----------------------------------------------------------------------
     def _python_op(self, code: str, path: str, *, failed: str) -> None:

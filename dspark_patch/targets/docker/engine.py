@@ -30,6 +30,10 @@ class ImageInfo(NamedTuple):
     config: dict[str, Any]        # the image's Config, as the engine reports it
     layers: int                   # number of filesystem layers (RootFS.Layers)
     repo_tags: tuple[str, ...]
+    diff_ids: tuple[str, ...] = ()  # RootFS.Layers: each layer's uncompressed digest
+    architecture: str = ""
+    os: str = ""
+    variant: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,7 +73,24 @@ class DockerEngine:
             config=copy.deepcopy(attrs.get("Config") or {}),
             layers=len((attrs.get("RootFS") or {}).get("Layers") or ()),
             repo_tags=tuple(attrs.get("RepoTags") or ()),
+            diff_ids=tuple((attrs.get("RootFS") or {}).get("Layers") or ()),
+            architecture=attrs.get("Architecture") or "",
+            os=attrs.get("Os") or "",
+            variant=attrs.get("Variant") or "",
         )
+
+    def history(self, image_id: str) -> list[dict[str, Any]]:
+        """The image's history as the engine reports it, newest first."""
+        return list(self.client.api.history(image_id))
+
+    def load(self, archive: bytes) -> None:
+        """Load a `docker save`-format archive (append.py builds one holding a single new layer)."""
+        try:
+            for event in self.client.api.load_image(archive, quiet=True) or ():
+                if isinstance(event, dict) and event.get("error"):
+                    raise EnvironmentProblem(f"loading the patched image failed: {event['error']}")
+        except docker.errors.APIError as exc:
+            raise EnvironmentProblem(f"loading the patched image failed: {reason(exc)}") from exc
 
     def tag_exists(self, name: str) -> bool:
         try:
@@ -100,6 +121,11 @@ class DockerEngine:
                         hint="check that the registry is running and reachable from the engine",
                     )
                 digest = (event.get("aux") or {}).get("Digest", digest)
+                # Podman's compatible API reports the digest only in the status line
+                # ("TAG: digest: sha256:... size: N"), never as `aux`.
+                status = str(event.get("status") or "")
+                if digest is None and ": digest: sha256:" in status:
+                    digest = status.split(": digest: ", 1)[1].split()[0]
         except docker.errors.APIError as exc:
             raise EnvironmentProblem(f"pushing {tag} failed: {reason(exc)}") from exc
         if digest is None:

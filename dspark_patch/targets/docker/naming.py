@@ -4,9 +4,10 @@ Our containers are marked by name, not by label: a commit copies the container's
 the image (the engine merges them into the commit config), so a marker label would end up in
 every patched image. Name: dspark-patch--ROLE--HOST--PID--STARTTIME--RANDOM.
 
-Liveness is judged on the client's side: HOST and PID name the process that made the
+Liveness is judged on the client's side, always: HOST and PID name the process that made the
 container on the machine running this tool, which need not be the engine's machine (a remote
-DOCKER_HOST), so nothing here looks at the engine's processes.
+DOCKER_HOST, Podman's service), so nothing here looks at the engine's processes. A killed run
+whose process is not yet reaped (a zombie) is gone: it will never remove its container.
 """
 
 from __future__ import annotations
@@ -60,7 +61,8 @@ class Owner:
         return self.host == _this_host()
 
     def alive(self) -> bool:
-        return _start_time(self.pid) == self.start
+        stat = _stat(self.pid)
+        return stat is not None and stat[0] != "Z" and stat[19] == self.start
 
 
 def _this_host() -> str:
@@ -69,8 +71,14 @@ def _this_host() -> str:
 
 def _start_time(pid: int) -> str:
     # A pid alone can be reused; pid plus its start time names one process.
+    stat = _stat(pid)
+    return "?" if stat is None else stat[19]
+
+
+def _stat(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (state first), on this host."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
-        return "?"
-    return stat.rsplit(")", 1)[1].split()[19]
+        return None
+    return stat.rsplit(")", 1)[1].split()

@@ -3,21 +3,26 @@ operations (`ImageCapable`), built on one `WorkContainer` of the image.
 
 Opening it checks the image, collects containers a killed run left behind, and starts a
 keep-alive container run by the image's own python; files are read and written through the
-engine's archive API, python runs per exec, and the result is committed as one layer on top of
-the source with the source's config kept (commit.py).
+engine's archive API and python runs per exec. That container is never committed: the new
+layer is taken from it as a tar of exactly the patched files, their bytecode and folders
+(`take_layer`), and the image is built from the source plus that tar (commit.py, append.py).
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import posixpath
+import tarfile
 from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ...errors import BadInput, CheckFailed, TargetNotFound, UnsafePatch
-from ..base import ChangeKind, CommittedImage, Distribution, RecordEntry, RunResult, TargetInfo
+from ...inside import source as inside_source
+from ..base import CommittedImage, Distribution, LayerEntry, RecordEntry, RunResult, TargetInfo
 from . import commit as commits
 from .container import NEW_FILE, ExecutableMissing, FileMeta, WorkContainer
 from .engine import DockerEngine, ImageInfo
@@ -40,11 +45,12 @@ class ImageTarget:
         self._python: str | None = None
         self._dist: Distribution | None = None
         self._notes: list[str] = []
+        self._layer: bytes | None = None
         self._stack = ExitStack()
 
     # --- lifecycle ----------------------------------------------------------------------
     def __enter__(self) -> ImageTarget:
-        if self._source is None:  # a twin skips this: its first container did the checks and gc
+        if self._source is None:
             self._engine = self._engine or DockerEngine()
             self._source = self._engine.image_info(self.ref)
             removed = self._engine.gc_containers()
@@ -65,7 +71,7 @@ class ImageTarget:
         assert self._engine and self._source
         for python in pythons:
             work = WorkContainer(self._engine, self._source.id, ref=self.ref, python=python,
-                                 keepalive=commits.keepalive_config(self._source.config, python))
+                                 keepalive={"entrypoint": commits.keepalive_argv(python), "command": None})
             try:
                 entered = self._stack.enter_context(work)
             except ExecutableMissing:
@@ -76,15 +82,6 @@ class ImageTarget:
             f"image {self.ref} has no python3 or python on its PATH",
             hint="the tool runs the image's own interpreter; patch an image that has python",
         )
-
-    def twin(self) -> ImageTarget:
-        """Another container of the same source image that knows what `locate` found here.
-
-        Used as a scratch copy: what runs there (the probe) can never reach this container's
-        committed layer, and it runs while this container's changes are being listed."""
-        twin = ImageTarget(self.ref, engine=self._engine)
-        twin._source, twin._python, twin._dist = self.source, self._python, self._dist
-        return twin
 
     @property
     def container(self) -> WorkContainer:
@@ -179,19 +176,28 @@ class ImageTarget:
         return self.container.call([python, "-B", "-c", source, *args], env=env, timeout=timeout)
 
     # --- ImageCapable ---------------------------------------------------------------------
-    def changes(self) -> list[tuple[ChangeKind, str]]:
-        """The container's filesystem changes against the image (what a commit would bake)."""
-        return self.container.changes()
+    def take_layer(self, paths: Sequence[str]) -> tuple[LayerEntry, ...]:
+        """The new layer, taken from the work container now: the files `paths` (relative to the
+        distribution's location) and every folder above them, as a tar the image's own python
+        writes (owner, mode, mtime as they are here). Only this tar reaches the image."""
+        absolute = [self._absolute(p) for p in paths]
+        result = self.run_python(inside_source("layer"), absolute, timeout=300)
+        if result.returncode != 0:
+            raise CheckFailed(f"taking the new layer from the container failed: "
+                              f"{result.stderr.decode(errors='replace').strip()[-300:]}")
+        self._layer = result.stdout
+        return layer_entries(self._layer)
 
     def source_labels(self) -> Mapping[str, str]:
         return self.source.config.get("Labels") or {}
 
     def commit(self, *, labels: Mapping[str, str], tag: str | None, force: bool = False) -> CommittedImage:
-        """One new layer on top of the source with the source's config and `labels` added.
-
-        Nothing is tagged unless the result is verified (layers, config field by field)."""
+        """The layer `take_layer` took, on top of the source with the source's config and `labels`
+        added. Nothing is tagged unless the result is verified (layers, config field by field)."""
         assert self._engine
-        return commits.commit(self._engine, self.container, self.source, labels=labels, tag=tag, force=force)
+        if self._layer is None:
+            raise RuntimeError("take_layer() must run before commit()")
+        return commits.commit(self._engine, self.source, self._layer, labels=labels, tag=tag, force=force)
 
     def push(self, tag: str) -> str:
         """Push a tag (e.g. the committed result) to its registry; returns the manifest digest."""
@@ -225,3 +231,19 @@ class ImageTarget:
                 self.container.delete(absolute)
         else:
             self.container.copy_into(absolute, pre, meta or NEW_FILE)
+
+
+def layer_entries(layer: bytes) -> tuple[LayerEntry, ...]:
+    """What a layer tar holds: each entry's path (absolute), kind and, for a file, its sha256."""
+    entries = []
+    with tarfile.open(fileobj=io.BytesIO(layer), mode="r:") as tar:
+        for member in tar.getmembers():
+            digest = None
+            if member.isfile():
+                extracted = tar.extractfile(member)
+                assert extracted is not None
+                digest = hashlib.sha256(extracted.read()).hexdigest()
+            elif not member.isdir():
+                raise CheckFailed(f"the new layer holds {member.name}, which is neither a file nor a folder")
+            entries.append(LayerEntry(path="/" + member.name.lstrip("/"), folder=member.isdir(), sha256=digest))
+    return tuple(entries)
