@@ -6,10 +6,10 @@
 
 from .commands import apply, probe, verify
 from .image_steps import LABEL_PREFIX
-from .record import StepCallback
-from .requests import ApplyRequest, ImageSpec, LocalSpec, ProbeRequest, TargetSpec, VerifyRequest
+from .record import PullCallback, StepCallback
+from .requests import ApplyRequest, ImageSpec, LocalSpec, ProbeRequest, PullPolicy, TargetSpec, VerifyRequest
 
 __all__ = [
-    "LABEL_PREFIX", "ApplyRequest", "ImageSpec", "LocalSpec", "ProbeRequest", "StepCallback", "TargetSpec",
-    "VerifyRequest", "apply", "probe", "verify",
+    "LABEL_PREFIX", "ApplyRequest", "ImageSpec", "LocalSpec", "ProbeRequest", "PullCallback", "PullPolicy",
+    "StepCallback", "TargetSpec", "VerifyRequest", "apply", "probe", "verify",
 ]

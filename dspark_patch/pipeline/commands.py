@@ -23,7 +23,7 @@ from .image_steps import (
     commit_image,
     probe_in_twin,
 )
-from .record import RunRecord, StepCallback, target_report, with_distribution
+from .record import PullCallback, RunRecord, StepCallback, target_report, with_distribution
 from .requests import ApplyRequest, ImageSpec, LocalSpec, ProbeRequest, TargetSpec, VerifyRequest
 from .steps import (
     CachingReader,
@@ -42,17 +42,20 @@ from .steps import (
 )
 
 
-def apply(request: ApplyRequest, *, on_step: StepCallback | None = None) -> AuditReport:
+def apply(request: ApplyRequest, *, on_step: StepCallback | None = None,
+          on_pull: PullCallback | None = None) -> AuditReport:
     run = RunRecord.start("apply", target_report(request.target), on_step)
-    return _run(run, request.target, lambda target: _apply(request, target, run))
+    return _run(run, request.target, lambda target: _apply(request, target, run), on_pull)
 
 
-def verify(request: VerifyRequest, *, on_step: StepCallback | None = None) -> AuditReport:
+def verify(request: VerifyRequest, *, on_step: StepCallback | None = None,
+           on_pull: PullCallback | None = None) -> AuditReport:
     run = RunRecord.start("verify", target_report(request.target), on_step)
-    return _run(run, request.target, lambda target: _verify(request, target, run))
+    return _run(run, request.target, lambda target: _verify(request, target, run), on_pull)
 
 
-def probe(request: ProbeRequest, *, on_step: StepCallback | None = None) -> AuditReport:
+def probe(request: ProbeRequest, *, on_step: StepCallback | None = None,
+          on_pull: PullCallback | None = None) -> AuditReport:
     run = RunRecord.start("probe", target_report(request.target), on_step)
 
     def steps(target: Target) -> AuditReport:
@@ -69,15 +72,16 @@ def probe(request: ProbeRequest, *, on_step: StepCallback | None = None) -> Audi
         probe_step(target, dist, patchset.probe, run)
         return run.report("probed")
 
-    return _run(run, request.target, steps)
+    return _run(run, request.target, steps, on_pull)
 
 
-def _run(run: RunRecord, spec: TargetSpec, steps: Callable[[Target], AuditReport]) -> AuditReport:
+def _run(run: RunRecord, spec: TargetSpec, steps: Callable[[Target], AuditReport],
+         on_pull: PullCallback | None) -> AuditReport:
     """Open the target, run the steps, close the target (removing any container), report."""
     target: Target | None = None
     try:
         with ExitStack() as stack:
-            target = _open(spec, run, stack)
+            target = _open(spec, run, stack, on_pull)
             report = steps(target)
     except DsparkPatchError as exc:
         report = run.report("failed", exc)
@@ -86,7 +90,7 @@ def _run(run: RunRecord, spec: TargetSpec, steps: Callable[[Target], AuditReport
     return replace(report, notes=report.notes + notes) if notes else report
 
 
-def _open(spec: TargetSpec, run: RunRecord, stack: ExitStack) -> Target:
+def _open(spec: TargetSpec, run: RunRecord, stack: ExitStack, on_pull: PullCallback | None) -> Target:
     with run.step("open target"):
         if isinstance(spec, LocalSpec):
             from ..targets.local import LocalTree
@@ -94,7 +98,8 @@ def _open(spec: TargetSpec, run: RunRecord, stack: ExitStack) -> Target:
             return LocalTree(spec.root, python=spec.python)
         from ..targets.docker import ImageTarget
 
-        target = stack.enter_context(ImageTarget(spec.ref))
+        # --pull happens here (as `docker run` pulls before it creates); progress goes to on_pull.
+        target = stack.enter_context(ImageTarget(spec.ref, python=spec.python, pull=spec.pull, on_pull=on_pull))
         run.update(target=replace(run.draft.target, image=ImageRef(ref=spec.ref, id=target.info.id or "")))
         return target
 

@@ -8,7 +8,7 @@ labels, commit, tag, push) ask for `ImageCapable`, checked once per run.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
@@ -59,6 +59,21 @@ class CommittedImage:
     ref: str                  # the tag given, or the id when committed without a tag
     id: str
     layers: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class PullProgress:
+    """One event of an image pull: a layer's step (`layer` set) or a line about the whole image."""
+
+    ref: str
+    layer: str | None         # short layer id; None for image-wide lines ("Digest: …", the last one)
+    status: str               # the engine's words: "Pulling fs layer", "Downloading", "Pull complete", …
+    current: int | None = None
+    total: int | None = None
+    done: bool = False        # the last event of this pull
+
+
+PullCallback = Callable[[PullProgress], None]
 
 
 class Target(Protocol):
