@@ -6,7 +6,8 @@
 
 from .commands import apply, probe, verify
 from .image_steps import LABEL_PREFIX
-from .record import PullCallback, StepCallback
+from ..targets.base import PullCallback
+from .record import StepCallback
 from .requests import ApplyRequest, ImageSpec, LocalSpec, ProbeRequest, PullPolicy, TargetSpec, VerifyRequest
 
 __all__ = [

@@ -15,7 +15,7 @@ from ..engine.plan import plan_patch
 from ..errors import BadInput, DsparkPatchError, ProbeFailed, VerifyMismatch
 from ..patchset import resolve
 from ..report.model import AuditReport, FileReport, ImageRef
-from ..targets.base import ImageCapable, Target
+from ..targets.base import ImageCapable, PullCallback, Target
 from .image_steps import (
     await_probe,
     check_labels,
@@ -23,7 +23,7 @@ from .image_steps import (
     commit_image,
     probe_in_twin,
 )
-from .record import PullCallback, RunRecord, StepCallback, target_report, with_distribution
+from .record import RunRecord, StepCallback, target_report, with_distribution
 from .requests import ApplyRequest, ImageSpec, LocalSpec, ProbeRequest, TargetSpec, VerifyRequest
 from .steps import (
     CachingReader,
