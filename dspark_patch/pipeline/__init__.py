@@ -4,9 +4,9 @@
 `image_steps` those of an image; `record` the run's record that becomes the AuditReport.
 """
 
+from ..targets.base import PullCallback
 from .commands import apply, probe, verify
 from .image_steps import LABEL_PREFIX
-from ..targets.base import PullCallback
 from .record import StepCallback
 from .requests import ApplyRequest, ImageSpec, LocalSpec, ProbeRequest, PullPolicy, TargetSpec, VerifyRequest
 
