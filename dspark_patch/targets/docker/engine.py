@@ -85,6 +85,19 @@ class DockerEngine:
         except docker.errors.ImageNotFound:
             pass
 
+    def untag(self, name: str) -> str | None:
+        """Remove the name `name`; the image goes too when nothing else names or uses it.
+        Returns the id of the image it named, or None if there was no such name."""
+        try:
+            image_id = str(self.client.images.get(name).id)
+            self.client.images.remove(name, noprune=False)
+        except docker.errors.ImageNotFound:
+            return None
+        except docker.errors.APIError as exc:
+            raise EnvironmentProblem(f"removing the tag {name} failed: {reason(exc)}",
+                                     hint=f"remove it by hand: docker rmi {name}") from exc
+        return image_id
+
     def tag(self, image_id: str, name: str) -> None:
         repository, tag = _split_tag(name)
         self.client.images.get(image_id).tag(repository, tag)

@@ -16,7 +16,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ...errors import BadInput, CheckFailed, TargetNotFound, UnsafePatch
+from ...errors import BadInput, CheckFailed, DsparkPatchError, TargetNotFound, UnsafePatch
 from ..base import ChangeKind, CommittedImage, Distribution, RecordEntry, RunResult, TargetInfo
 from . import commit as commits
 from . import interpreter
@@ -261,9 +261,22 @@ class ImageTarget:
         return commits.commit(self._engine, self.container, self.source, labels=labels, tag=tag, force=force)
 
     def push(self, tag: str) -> str:
-        """Push a tag (e.g. the committed result) to its registry; returns the manifest digest."""
+        """Push a tag (e.g. the committed result) to its registry; returns the manifest digest.
+
+        A failed push leaves no name behind: the tag is removed, and with it the committed image
+        unless another name refers to it (the engine's own rule for `docker rmi TAG`)."""
         assert self._engine
-        return self._engine.push(tag)
+        try:
+            return self._engine.push(tag)
+        except BaseException:
+            try:
+                image_id = self._engine.untag(tag)
+                kept = image_id is not None and self._engine.tag_exists(image_id)
+                self._notes.append(f"the push failed, so the tag {tag} was removed again; the image {image_id} "
+                                   + ("stays: another name or container refers to it" if kept else "went with it"))
+            except DsparkPatchError as exc:  # the push's own error says more; this one goes into the notes
+                self._notes.append(exc.line())
+            raise
 
     def refuse_existing_tag(self, tag: str, *, force: bool) -> None:
         """Fail early, before any work, when `tag` exists and may not be moved."""
