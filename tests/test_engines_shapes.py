@@ -132,6 +132,76 @@ def test_trixie_root_image_with_vllm_in_a_venv_off_path(tmp_path):
     _apply_and_verify(images.trixie_venv_image(), tmp_path)
 
 
+# Two environments on one image, built on the fixture (whose vLLM is in the system
+# dist-packages of /usr/bin/python3) with a venv first on PATH:
+# - `same`: a venv with --system-site-packages sees the system's vLLM: one installation seen by
+#   two interpreters, not a choice to make;
+# - `two`: a venv of its own holding a second vLLM distribution (its dist-info and package):
+#   two installations, and only the user can say which one to patch.
+SECOND_VLLM = (
+    "import os, shutil\n"
+    "src, dst = '/usr/local/lib/python3.11/dist-packages', '/opt/venv2/lib/python3.11/site-packages'\n"
+    "shutil.copytree(f'{src}/vllm-0.33.0.dist-info', f'{dst}/vllm-0.33.0.dist-info')\n"
+    "os.makedirs(f'{dst}/vllm')\n"
+    "open(f'{dst}/vllm/__init__.py', 'w').close()\n"
+)
+TWO_ENVS = {
+    "same": ['RUN ["python3", "-m", "venv", "--without-pip", "--system-site-packages", "/opt/venv2"]'],
+    "two": ['RUN ["python3", "-m", "venv", "--without-pip", "/opt/venv2"]',
+            f"RUN {json.dumps(['python3', '-c', SECOND_VLLM])}"],
+}
+
+
+@pytest.fixture(scope="module")
+def two_envs():
+    """name -> ref of the `same` and `two` images (built here, removed afterwards)."""
+    fixture_id = _inspect(None, images.fixture_image())["Id"]
+    refs = {}
+    try:
+        for name, steps in TWO_ENVS.items():
+            ref = f"dspark-patch/test-two-envs:{name}-{uuid.uuid4().hex[:8]}"
+            dockerfile = "\n".join([f"FROM {fixture_id}", "USER root", *steps,
+                                    "ENV PATH=/opt/venv2/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                                    "USER vllm", ""])
+            subprocess.run(["docker", "build", "--network", "none", "-q", "-t", ref, "-"], input=dockerfile,
+                           text=True, capture_output=True, check=True)
+            refs[name] = ref
+        yield refs
+    finally:
+        for ref in refs.values():
+            _remove(None, ref)
+
+
+def test_a_venv_that_sees_the_system_vllm_is_not_a_second_installation(two_envs, tmp_path):
+    res = run("apply", "--image", two_envs["same"], "--dry-run", "--json", "--report-dir", str(tmp_path / "r"))
+    assert res.returncode == 0, res.stderr
+    assert res.json["target"]["distribution"]["location"] == "/usr/local/lib/python3.11/dist-packages"
+
+
+def test_two_environments_holding_vllm_are_refused_naming_both(two_envs, tmp_path):
+    ref = two_envs["two"]
+    tag = f"dspark-patch/test-shape:{uuid.uuid4().hex[:10]}"
+    res = run("apply", "--image", ref, "--tag", tag, "--report-dir", str(tmp_path / "r"))
+    line = res.assert_clean_error(2)
+    assert "/opt/venv2/bin/python3" in line and "/usr/bin/python3" in line
+    assert "/opt/venv2/lib/python3.11/site-packages" in line and "/usr/local/lib/python3.11/dist-packages" in line
+    assert "--python PATH" in line
+    assert _inspect(None, tag) is None
+    assert _our_containers(None, _inspect(None, ref)["Id"]) == []
+
+
+def test_python_chooses_the_environment_in_an_image(two_envs, tmp_path):
+    res = run("apply", "--image", two_envs["two"], "--python", "/usr/bin/python3", "--dry-run", "--json",
+              "--report-dir", str(tmp_path / "r"))
+    assert res.returncode == 0, res.stderr
+    assert res.json["target"]["python"] == "/usr/bin/python3"
+    assert res.json["target"]["distribution"]["location"] == "/usr/local/lib/python3.11/dist-packages"
+    absent = run("apply", "--image", two_envs["two"], "--python", "/opt/nowhere/bin/python3", "--dry-run",
+                 "--report-dir", str(tmp_path / "r2"))
+    assert "/opt/nowhere/bin/python3" in absent.assert_clean_error(2)
+    assert _our_containers(None, _inspect(None, two_envs["two"])["Id"]) == []
+
+
 # --- a registry behind a login ----------------------------------------------------------------
 
 USER, PASSWORD = "dspark", "s3cret-" + uuid.uuid4().hex[:8]
