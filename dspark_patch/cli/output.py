@@ -48,21 +48,28 @@ def pull_display() -> Iterator[PullCallback]:
     """Shows an image pull while it runs (stderr): a rich bar per layer on a terminal, one line
     per layer step elsewhere (CI logs), so a slow pull never looks like a hang."""
     if _err.is_terminal:
-        with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), console=_err,
-                      transient=True) as bars:
-            tasks: dict[str, TaskID] = {}
+        # Bars only while a pull runs: the live display must not sit under the step lines.
+        bars = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), console=_err, transient=True)
+        tasks: dict[str, TaskID] = {}
 
-            def show_bars(event: PullProgress) -> None:
-                if event.layer is None:
-                    if not event.done:
-                        _err.print(f"[dim]pull[/] {event.ref}: {event.status}")
-                    return
+        def show_bars(event: PullProgress) -> None:
+            if event.done:
+                bars.stop()
+                tasks.clear()
+            elif event.layer is None:
+                _err.print(f"[dim]pull[/] {event.ref}: {event.status}")
+            else:
+                if not tasks:
+                    bars.start()
                 if event.layer not in tasks:
                     tasks[event.layer] = bars.add_task(event.layer, total=None)
                 bars.update(tasks[event.layer], description=f"{event.layer} {event.status}",
                             completed=event.current or 0, total=event.total)
 
+        try:
             yield show_bars
+        finally:
+            bars.stop()
         return
     last: dict[str | None, str] = {}
 
