@@ -304,6 +304,7 @@ def test_a_source_pinned_by_digest_is_pulled_and_its_commit_stays_untagged(login
     finally:
         if result is not None:
             _remove(None, result["id"])
+        subprocess.run(["docker", "rmi", pinned], capture_output=True, check=False)  # the digest name only
 
 
 def test_a_pull_with_a_wrong_password_is_one_line_naming_the_login(login_registry, tmp_path):
