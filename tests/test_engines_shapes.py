@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import subprocess
 import urllib.error
 import urllib.request
@@ -25,8 +26,6 @@ from tests.support.cli import run
 from tests.support.registry import docker_login, loopback_registry, push_only_to_registry
 
 LABEL_PREFIX = "io.github.dspark-patch"
-FIND_INTERPRETER = "issue 10.1: the tool looks for vLLM only with `python3` on PATH; it must find the interpreter that owns vLLM (the entrypoint's)"
-PULL = "issue 10.3: no --pull: an image only in a registry is reported missing instead of pulled with the docker config's login"
 
 
 def _inspect(docker_host: str | None, ref: str) -> dict | None:
@@ -49,8 +48,11 @@ def _our_containers(docker_host: str | None, image_id: str) -> list[str]:
     return [n for n in names if n.startswith("dspark-patch--")]
 
 
-def _assert_patched_result(docker_host: str | None, source: dict, tag: str) -> None:
-    """What a user checks on a result: same config, one more layer, our labels, nothing left behind."""
+def _assert_patched_result(docker_host: str | None, source: dict, tag: str, *, count_containers: bool = True) -> None:
+    """What a user checks on a result: same config, one more layer, our labels, nothing left behind.
+
+    `count_containers=False` where the source is the fixture's own image id under another name
+    (other sessions run containers of it at any time)."""
     after = _inspect(docker_host, tag)
     assert after is not None, f"{tag} was not tagged"
     for field in CONFIG_FIELDS:
@@ -59,7 +61,8 @@ def _assert_patched_result(docker_host: str | None, source: dict, tag: str) -> N
     assert after["RootFS"]["Layers"][:-1] == source["RootFS"]["Layers"]
     assert len(after["RootFS"]["Layers"]) == len(source["RootFS"]["Layers"]) + 1
     assert after["Config"]["Labels"][f"{LABEL_PREFIX}.patch.id"] == "dspark-skip-mtp-buffer"
-    assert _our_containers(docker_host, source["Id"]) == []
+    if count_containers:
+        assert _our_containers(docker_host, source["Id"]) == []
 
 
 def _apply_and_verify(ref: str, tmp_path: Path, docker_host: str | None = None, *, tag: str | None = None,
@@ -121,14 +124,82 @@ def test_non_writable_image_applies_as_root_keeping_owner_mode_and_user(tmp_path
         _remove(None, tag)
 
 
-@pytest.mark.xfail(strict=True, reason=FIND_INTERPRETER)
 def test_two_pythons_image_patches_the_vllm_of_the_non_default_python(tmp_path):
     _apply_and_verify(images.two_pythons_image(), tmp_path)
 
 
-@pytest.mark.xfail(strict=True, reason=FIND_INTERPRETER)
 def test_trixie_root_image_with_vllm_in_a_venv_off_path(tmp_path):
     _apply_and_verify(images.trixie_venv_image(), tmp_path)
+
+
+# Two environments on one image, built on the fixture (whose vLLM is in the system
+# dist-packages of /usr/bin/python3) with a venv first on PATH:
+# - `same`: a venv with --system-site-packages sees the system's vLLM: one installation seen by
+#   two interpreters, not a choice to make;
+# - `two`: a venv of its own holding a second vLLM distribution (its dist-info and package):
+#   two installations, and only the user can say which one to patch.
+SECOND_VLLM = (
+    "import os, shutil\n"
+    "src, dst = '/usr/local/lib/python3.11/dist-packages', '/opt/venv2/lib/python3.11/site-packages'\n"
+    "shutil.copytree(f'{src}/vllm-0.33.0.dist-info', f'{dst}/vllm-0.33.0.dist-info')\n"
+    "os.makedirs(f'{dst}/vllm')\n"
+    "open(f'{dst}/vllm/__init__.py', 'w').close()\n"
+)
+TWO_ENVS = {
+    "same": ['RUN ["python3", "-m", "venv", "--without-pip", "--system-site-packages", "/opt/venv2"]'],
+    "two": ['RUN ["python3", "-m", "venv", "--without-pip", "/opt/venv2"]',
+            f"RUN {json.dumps(['python3', '-c', SECOND_VLLM])}"],
+}
+
+
+@pytest.fixture(scope="module")
+def two_envs():
+    """name -> ref of the `same` and `two` images (built here, removed afterwards)."""
+    fixture_id = _inspect(None, images.fixture_image())["Id"]
+    refs = {}
+    try:
+        for name, steps in TWO_ENVS.items():
+            ref = f"dspark-patch/test-two-envs:{name}-{uuid.uuid4().hex[:8]}"
+            dockerfile = "\n".join([f"FROM {fixture_id}", "USER root", *steps,
+                                    "ENV PATH=/opt/venv2/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                                    "USER vllm", ""])
+            subprocess.run(["docker", "build", "--network", "none", "-q", "-t", ref, "-"], input=dockerfile,
+                           text=True, capture_output=True, check=True)
+            refs[name] = ref
+        yield refs
+    finally:
+        for ref in refs.values():
+            _remove(None, ref)
+
+
+def test_a_venv_that_sees_the_system_vllm_is_not_a_second_installation(two_envs, tmp_path):
+    res = run("apply", "--image", two_envs["same"], "--dry-run", "--json", "--report-dir", str(tmp_path / "r"))
+    assert res.returncode == 0, res.stderr
+    assert res.json["target"]["distribution"]["location"] == "/usr/local/lib/python3.11/dist-packages"
+
+
+def test_two_environments_holding_vllm_are_refused_naming_both(two_envs, tmp_path):
+    ref = two_envs["two"]
+    tag = f"dspark-patch/test-shape:{uuid.uuid4().hex[:10]}"
+    res = run("apply", "--image", ref, "--tag", tag, "--report-dir", str(tmp_path / "r"))
+    line = res.assert_clean_error(2)
+    assert "/opt/venv2/bin/python3" in line and "/usr/bin/python3" in line
+    assert "/opt/venv2/lib/python3.11/site-packages" in line and "/usr/local/lib/python3.11/dist-packages" in line
+    assert "--python PATH" in line
+    assert _inspect(None, tag) is None
+    assert _our_containers(None, _inspect(None, ref)["Id"]) == []
+
+
+def test_python_chooses_the_environment_in_an_image(two_envs, tmp_path):
+    res = run("apply", "--image", two_envs["two"], "--python", "/usr/bin/python3", "--dry-run", "--json",
+              "--report-dir", str(tmp_path / "r"))
+    assert res.returncode == 0, res.stderr
+    assert res.json["target"]["python"] == "/usr/bin/python3"
+    assert res.json["target"]["distribution"]["location"] == "/usr/local/lib/python3.11/dist-packages"
+    absent = run("apply", "--image", two_envs["two"], "--python", "/opt/nowhere/bin/python3", "--dry-run",
+                 "--report-dir", str(tmp_path / "r2"))
+    assert "/opt/nowhere/bin/python3" in absent.assert_clean_error(2)
+    assert _our_containers(None, _inspect(None, two_envs["two"])["Id"]) == []
 
 
 # --- a registry behind a login ----------------------------------------------------------------
@@ -188,29 +259,66 @@ def test_push_to_a_registry_behind_a_login_uses_the_docker_config(login_registry
         _remove(None, tag)
 
 
-@pytest.mark.xfail(strict=True, reason=PULL)
+def _images_named(address: str) -> set[str]:
+    """Local names under the loopback registry (what a run could leave behind there)."""
+    done = subprocess.run(["docker", "images", "--format", "{{.Repository}}:{{.Tag}}", f"{address}/*/*"],
+                          capture_output=True, text=True, check=True)
+    return set(done.stdout.split())
+
+
 def test_registry_only_image_is_pulled_with_the_login_patched_and_pushed(registry_only_fixture, login_registry, tmp_path):
     address, config = login_registry
     tag = f"{address}/dspark-patch/patched:{uuid.uuid4().hex[:8]}"
+    assert _inspect(None, registry_only_fixture) is None  # only the registry has it
     try:
         res = run("apply", "--image", registry_only_fixture, "--pull", "missing", "--tag", tag, "--push",
                   "--report-dir", str(tmp_path / "r"), env={"DOCKER_CONFIG": str(config)})
         assert res.returncode == 0, res.stderr
+        # Without a terminal the pull shows one line per step (CI logs), on stderr.
+        assert f"pull {registry_only_fixture}:" in res.stderr
+        audit = json.loads((tmp_path / "r" / "audit.json").read_text())
+        assert any(f"pulled {registry_only_fixture}" in note for note in audit["notes"])
+        pushed = audit["result_image"]["repo_digest"]
+        assert _manifest_status(address, pushed, (USER, PASSWORD)) == 200
+        source = _inspect(None, registry_only_fixture)
+        assert source is not None
+        _assert_patched_result(None, source, tag, count_containers=False)
     finally:
         _remove(None, tag)
         _remove(None, registry_only_fixture)
 
 
-@pytest.mark.xfail(strict=True, reason=PULL + "; a wrong password must be one line naming the login")
+def test_a_source_pinned_by_digest_is_pulled_and_its_commit_stays_untagged(login_registry, tmp_path):
+    address, config = login_registry
+    pinned = push_only_to_registry(images.fixture_image(), f"{address}/dspark-patch/pinned:{uuid.uuid4().hex[:8]}", config)
+    assert "@sha256:" in pinned
+    result = None
+    try:
+        res = run("apply", "--image", pinned, "--pull", "always", "--json", "--report-dir", str(tmp_path / "r"),
+                  env={"DOCKER_CONFIG": str(config)})
+        assert res.returncode == 0, res.stderr
+        result = res.json["result_image"]
+        assert result["ref"] == result["id"]  # no --tag: the new image has no name
+        assert res.json["target"]["image"]["id"] == _inspect(None, images.fixture_image())["Id"]
+        assert _inspect(None, result["id"])["RepoTags"] == []
+    finally:
+        if result is not None:
+            _remove(None, result["id"])
+        subprocess.run(["docker", "rmi", pinned], capture_output=True, check=False)  # the digest name only
+
+
 def test_a_pull_with_a_wrong_password_is_one_line_naming_the_login(login_registry, tmp_path):
     address, _ = login_registry
     wrong = _wrong_login_config(tmp_path / "wrong-config", address)
+    before = _images_named(address)
     res = run("apply", "--image", f"{address}/dspark-patch/vllm-fixture:0.33.0", "--pull", "always",
               "--tag", "dspark-patch/never:made", "--report-dir", str(tmp_path / "r"),
               env={"DOCKER_CONFIG": str(wrong)})
-    line = res.assert_clean_error(2)
-    assert address in line and "login" in line
+    line = res.assert_clean_error(3)  # a refused login is an environment problem
+    assert f"the registry {address} refused the credentials for it in {wrong / 'config.json'}" in line
+    assert f"docker login {address}" in line
     assert _inspect(None, "dspark-patch/never:made") is None
+    assert _images_named(address) == before
 
 
 def _wrong_login_config(folder: Path, address: str) -> Path:
@@ -220,31 +328,45 @@ def _wrong_login_config(folder: Path, address: str) -> Path:
     return folder
 
 
-@pytest.mark.xfail(strict=True, reason="issue 10.3: a push refused for a wrong password says "
-                   "`unauthorized: authentication required (check that the registry is running and reachable)`, "
-                   "not which login to fix, and leaves the local tag behind")
-def test_a_push_with_a_wrong_password_is_one_line_naming_the_login(login_registry, tmp_path):
+def test_a_push_with_a_wrong_password_is_one_line_naming_the_login_and_leaves_no_tag(login_registry, tmp_path):
     address, _ = login_registry
     tag = f"{address}/dspark-patch/wrong-login:{uuid.uuid4().hex[:8]}"
+    wrong = _wrong_login_config(tmp_path / "wrong-config", address)
     try:
         res = run("apply", "--image", images.fixture_image(), "--tag", tag, "--push",
-                  "--report-dir", str(tmp_path / "r"),
-                  env={"DOCKER_CONFIG": str(_wrong_login_config(tmp_path / "wrong-config", address))})
+                  "--report-dir", str(tmp_path / "r"), env={"DOCKER_CONFIG": str(wrong)})
         line = res.assert_clean_error(3)
-        assert address in line and "docker login" in line
+        assert f"the registry {address} refused the credentials" in line and f"docker login {address}" in line
         assert _inspect(None, tag) is None
+        audit = json.loads((tmp_path / "r" / "audit.json").read_text())
+        assert audit["result_image"] is None
+        # The committed image went with its only name.
+        gone = next(n for n in audit["notes"] if n.startswith(f"the push failed, so the tag {tag} was removed"))
+        committed = re.search(r"the image (sha256:[0-9a-f]{64}) went with it", gone)
+        assert committed is not None, gone
+        assert _inspect(None, committed.group(1)) is None
     finally:
         _remove(None, tag)
 
 
-def test_an_image_missing_locally_and_not_pulled_is_one_clean_line(login_registry, tmp_path):
-    """Without a pull the tool must not reach out: a loopback-registry name it lacks is exit 2."""
+def test_pull_never_on_an_image_missing_locally_is_one_clean_line(login_registry, tmp_path):
+    """--pull never must not reach out: a loopback-registry name the engine lacks is exit 2."""
     address, config = login_registry
     missing = f"{address}/dspark-patch/absent:{uuid.uuid4().hex[:8]}"
-    res = run("apply", "--image", missing, "--tag", "dspark-patch/never:made",
+    res = run("apply", "--image", missing, "--pull", "never", "--tag", "dspark-patch/never:made",
               "--report-dir", str(tmp_path / "r"), env={"DOCKER_CONFIG": str(config)})
     line = res.assert_clean_error(2)
-    assert missing in line
+    assert missing in line and "not found on the engine" in line
+    assert _inspect(None, "dspark-patch/never:made") is None
+
+
+def test_an_image_neither_local_nor_in_its_registry_is_one_clean_line(login_registry, tmp_path):
+    address, config = login_registry
+    missing = f"{address}/dspark-patch/absent:{uuid.uuid4().hex[:8]}"
+    res = run("verify", "--image", missing, "--report-dir", str(tmp_path / "r"), env={"DOCKER_CONFIG": str(config)})
+    line = res.assert_clean_error(2)
+    assert missing in line and f"nor in its registry {address}" in line
+    assert _inspect(None, missing) is None
 
 
 # --- engines other than the local dockerd -----------------------------------------------------

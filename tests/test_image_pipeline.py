@@ -226,11 +226,12 @@ def test_drifted_file_in_the_image_is_refused_and_nothing_tagged(client, source,
     [
         (no_python_image, 2, "has no python3 or python"),
         (no_vllm_image, 2, "no vllm installed in image"),
-        (lambda: "dspark-patch/does-not-exist:1", 2, "not found on the engine"),
+        # A loopback registry name and --pull never: no test may make the engine reach a public registry.
+        (lambda: "127.0.0.1:9/dspark-patch/does-not-exist:1", 2, "not found on the engine"),
     ],
 )
 def test_refusals_are_one_line_and_leave_nothing(image, code, words, client, tag, tmp_path):
-    res = run("apply", "--image", image(), "--tag", tag, "--report-dir", str(tmp_path / "r"))
+    res = run("apply", "--image", image(), "--pull", "never", "--tag", tag, "--report-dir", str(tmp_path / "r"))
     assert words in res.assert_clean_error(code)
     assert not image_exists(client, tag)
     assert our_containers(client) == []

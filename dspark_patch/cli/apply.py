@@ -17,6 +17,7 @@ def register(app: typer.Typer) -> None:
 def apply(
     root: common.RootOpt = None,
     image: common.ImageOpt = None,
+    pull: common.PullOpt = "missing",
     patch: common.PatchOpt = None,
     strip: common.StripOpt = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Plan and check everything; write nothing.")] = False,
@@ -33,9 +34,10 @@ def apply(
 ) -> None:
     """Apply the patch with zero fuzz, byte-compile, probe, and (for an image) commit one new layer."""
     request = pipeline.ApplyRequest(
-        target=common.target_spec(root, image, python, tag=tag, force=force, push=push),
+        target=common.target_spec(root, image, python, pull=pull, tag=tag, force=force, push=push),
         patch=patch, strip=strip, dry_run=dry_run, compile=not no_compile, probe=not no_probe,
         allow_unknown_base=allow_unknown_base,
     )
-    report = pipeline.apply(request, on_step=output.step_printer(not as_json))
+    with output.pull_display() as pulls:
+        report = pipeline.apply(request, on_step=output.step_printer(not as_json), on_pull=pulls)
     common.finish(report, report_dir=report_dir, as_json=as_json, junit=junit)

@@ -9,13 +9,14 @@ from typing import Annotated
 import typer
 
 from ..errors import BadInput
-from ..pipeline import ImageSpec, LocalSpec, TargetSpec
+from ..pipeline import ImageSpec, LocalSpec, PullPolicy, TargetSpec
 from ..report.model import AuditReport
 from . import output
 
 RootOpt = Annotated[Path | None, typer.Option("--root", help="A site-packages folder that holds vllm and its dist-info.")]
-ImageOpt = Annotated[str | None, typer.Option("--image", help="An image reference (name:tag or id) on the Docker engine.")]
-PythonOpt = Annotated[str | None, typer.Option("--python", help="Interpreter that runs the tree (--root only; default: this one).")]
+ImageOpt = Annotated[str | None, typer.Option("--image", help="An image reference (name:tag, name@sha256:… or id).")]
+PythonOpt = Annotated[str | None, typer.Option("--python", help="Interpreter that owns vLLM: for --root, one on this machine (default: this one); for --image, a path inside the image (default: found there).")]
+PullOpt = Annotated[str, typer.Option("--pull", help="missing (default, as docker run): pull an image the engine lacks; always; never. Credentials come from the docker config (docker login, DOCKER_CONFIG).")]
 PatchOpt = Annotated[str | None, typer.Option("--patch", help="Patch-set id, patch-set folder, or a bare diff file. Default: dspark-skip-mtp-buffer.")]
 StripOpt = Annotated[int | None, typer.Option("--strip", min=0, help="Leading path components to strip, like patch -pN (default: the patch set's, 1).")]
 NoProbeOpt = Annotated[bool, typer.Option("--no-probe", help="Skip the patch set's CPU probe.")]
@@ -24,20 +25,26 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print the audit report as
 JunitOpt = Annotated[Path | None, typer.Option("--junit", help="Also write a JUnit XML file here.")]
 
 
-def target_spec(root: Path | None, image: str | None, python: str | None, *, tag: str | None = None,
-                force: bool = False, push: bool = False) -> TargetSpec:
+def target_spec(root: Path | None, image: str | None, python: str | None, *, pull: str = "missing",
+                tag: str | None = None, force: bool = False, push: bool = False) -> TargetSpec:
     if (root is None) == (image is None):
         raise BadInput("give exactly one target: --root DIR (a site-packages folder) or --image REF",
                        hint="see dspark-patch COMMAND --help")
+    policy = pull_policy(pull)
     if image is not None:
-        if python is not None:
-            raise BadInput("--python is for --root only; an image is patched with its own python3")
         if push and not tag:
             raise BadInput("--push needs --tag NAME (the reference to push)")
-        return ImageSpec(ref=image, tag=tag, force=force, push=push)
+        return ImageSpec(ref=image, python=python, pull=policy, tag=tag, force=force, push=push)
     if tag or force or push:
         raise BadInput("--tag, --force and --push are for --image only")
     return LocalSpec(root=str(root), python=python)
+
+
+def pull_policy(value: str) -> PullPolicy:
+    policies: dict[str, PullPolicy] = {"missing": "missing", "always": "always", "never": "never"}
+    if value in policies:
+        return policies[value]
+    raise BadInput(f"--pull {value!r}: choose missing, always or never")
 
 
 def finish(report: AuditReport, *, report_dir: Path | None, as_json: bool, junit: Path | None = None) -> None:

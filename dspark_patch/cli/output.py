@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TaskID, TextColumn
 from rich.table import Table
 
 from ..errors import DsparkPatchError
 from ..report.model import AuditReport, StepReport
+from ..targets.base import PullCallback, PullProgress
 
 # Progress and summaries go to stderr so that stdout stays clean for --json.
 _err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -37,6 +41,46 @@ def step_printer(enabled: bool):
         _err.print(f"[{colour}]{mark}[/] {step.name:<14} {step.seconds:6.2f}s{extra}")
 
     return show
+
+
+@contextmanager
+def pull_display() -> Iterator[PullCallback]:
+    """Shows an image pull while it runs (stderr): a rich bar per layer on a terminal, one line
+    per layer step elsewhere (CI logs), so a slow pull never looks like a hang."""
+    if _err.is_terminal:
+        # Bars only while a pull runs: the live display must not sit under the step lines.
+        bars = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), console=_err, transient=True)
+        tasks: dict[str, TaskID] = {}
+
+        def show_bars(event: PullProgress) -> None:
+            if event.done:
+                bars.stop()
+                tasks.clear()
+            elif event.layer is None:
+                _err.print(f"[dim]pull[/] {event.ref}: {event.status}")
+            else:
+                if not tasks:
+                    bars.start()
+                if event.layer not in tasks:
+                    tasks[event.layer] = bars.add_task(event.layer, total=None)
+                bars.update(tasks[event.layer], description=f"{event.layer} {event.status}",
+                            completed=event.current or 0, total=event.total)
+
+        try:
+            yield show_bars
+        finally:
+            bars.stop()
+        return
+    last: dict[str | None, str] = {}
+
+    def show_lines(event: PullProgress) -> None:
+        if event.done or last.get(event.layer) == event.status:  # progress ticks repeat the step's name
+            return
+        last[event.layer] = event.status
+        where = f" {event.layer}" if event.layer else ""
+        print(f"pull {event.ref}:{where} {event.status}", file=sys.stderr, flush=True)
+
+    yield show_lines
 
 
 def summary(report: AuditReport, report_dir: Path | None) -> None:

@@ -16,6 +16,7 @@ def register(app: typer.Typer) -> None:
 def verify(
     root: common.RootOpt = None,
     image: common.ImageOpt = None,
+    pull: common.PullOpt = "missing",
     patch: common.PatchOpt = None,
     strip: common.StripOpt = None,
     python: common.PythonOpt = None,
@@ -25,21 +26,24 @@ def verify(
     as_json: common.JsonOpt = False,
 ) -> None:
     """Prove a tree or image carries exactly the patch: post-images, bytecode, RECORD, labels, probe."""
-    request = pipeline.VerifyRequest(target=common.target_spec(root, image, python), patch=patch, strip=strip,
+    request = pipeline.VerifyRequest(target=common.target_spec(root, image, python, pull=pull), patch=patch, strip=strip,
                                      probe=not no_probe)
-    report = pipeline.verify(request, on_step=output.step_printer(not as_json))
+    with output.pull_display() as pulls:
+        report = pipeline.verify(request, on_step=output.step_printer(not as_json), on_pull=pulls)
     common.finish(report, report_dir=report_dir, as_json=as_json, junit=junit)
 
 
 def probe(
     root: common.RootOpt = None,
     image: common.ImageOpt = None,
+    pull: common.PullOpt = "missing",
     patch: common.PatchOpt = None,
     python: common.PythonOpt = None,
     report_dir: common.ReportDirOpt = None,
     as_json: common.JsonOpt = False,
 ) -> None:
     """Run the patch set's own CPU probe with the target's interpreter (exit 0 pass, 1 fail)."""
-    request = pipeline.ProbeRequest(target=common.target_spec(root, image, python), patch=patch)
-    report = pipeline.probe(request, on_step=output.step_printer(not as_json))
+    request = pipeline.ProbeRequest(target=common.target_spec(root, image, python, pull=pull), patch=patch)
+    with output.pull_display() as pulls:
+        report = pipeline.probe(request, on_step=output.step_printer(not as_json), on_pull=pulls)
     common.finish(report, report_dir=report_dir, as_json=as_json)

@@ -4,12 +4,13 @@
 `image_steps` those of an image; `record` the run's record that becomes the AuditReport.
 """
 
+from ..targets.base import PullCallback
 from .commands import apply, probe, verify
 from .image_steps import LABEL_PREFIX
 from .record import StepCallback
-from .requests import ApplyRequest, ImageSpec, LocalSpec, ProbeRequest, TargetSpec, VerifyRequest
+from .requests import ApplyRequest, ImageSpec, LocalSpec, ProbeRequest, PullPolicy, TargetSpec, VerifyRequest
 
 __all__ = [
-    "LABEL_PREFIX", "ApplyRequest", "ImageSpec", "LocalSpec", "ProbeRequest", "StepCallback", "TargetSpec",
-    "VerifyRequest", "apply", "probe", "verify",
+    "LABEL_PREFIX", "ApplyRequest", "ImageSpec", "LocalSpec", "ProbeRequest", "PullCallback", "PullPolicy",
+    "StepCallback", "TargetSpec", "VerifyRequest", "apply", "probe", "verify",
 ]

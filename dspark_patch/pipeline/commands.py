@@ -15,7 +15,7 @@ from ..engine.plan import plan_patch
 from ..errors import BadInput, DsparkPatchError, ProbeFailed, VerifyMismatch
 from ..patchset import resolve
 from ..report.model import AuditReport, FileReport, ImageRef
-from ..targets.base import ImageCapable, Target
+from ..targets.base import ImageCapable, PullCallback, Target
 from .image_steps import check_labels, commit_image, take_layer
 from .record import RunRecord, StepCallback, target_report, with_distribution
 from .requests import ApplyRequest, ImageSpec, LocalSpec, ProbeRequest, TargetSpec, VerifyRequest
@@ -36,17 +36,20 @@ from .steps import (
 )
 
 
-def apply(request: ApplyRequest, *, on_step: StepCallback | None = None) -> AuditReport:
+def apply(request: ApplyRequest, *, on_step: StepCallback | None = None,
+          on_pull: PullCallback | None = None) -> AuditReport:
     run = RunRecord.start("apply", target_report(request.target), on_step)
-    return _run(run, request.target, lambda target: _apply(request, target, run))
+    return _run(run, request.target, lambda target: _apply(request, target, run), on_pull)
 
 
-def verify(request: VerifyRequest, *, on_step: StepCallback | None = None) -> AuditReport:
+def verify(request: VerifyRequest, *, on_step: StepCallback | None = None,
+           on_pull: PullCallback | None = None) -> AuditReport:
     run = RunRecord.start("verify", target_report(request.target), on_step)
-    return _run(run, request.target, lambda target: _verify(request, target, run))
+    return _run(run, request.target, lambda target: _verify(request, target, run), on_pull)
 
 
-def probe(request: ProbeRequest, *, on_step: StepCallback | None = None) -> AuditReport:
+def probe(request: ProbeRequest, *, on_step: StepCallback | None = None,
+          on_pull: PullCallback | None = None) -> AuditReport:
     run = RunRecord.start("probe", target_report(request.target), on_step)
 
     def steps(target: Target) -> AuditReport:
@@ -63,15 +66,16 @@ def probe(request: ProbeRequest, *, on_step: StepCallback | None = None) -> Audi
         probe_step(target, dist, patchset.probe, run)
         return run.report("probed")
 
-    return _run(run, request.target, steps)
+    return _run(run, request.target, steps, on_pull)
 
 
-def _run(run: RunRecord, spec: TargetSpec, steps: Callable[[Target], AuditReport]) -> AuditReport:
+def _run(run: RunRecord, spec: TargetSpec, steps: Callable[[Target], AuditReport],
+         on_pull: PullCallback | None) -> AuditReport:
     """Open the target, run the steps, close the target (removing any container), report."""
     target: Target | None = None
     try:
         with ExitStack() as stack:
-            target = _open(spec, run, stack)
+            target = _open(spec, run, stack, on_pull)
             report = steps(target)
     except DsparkPatchError as exc:
         report = run.report("failed", exc)
@@ -80,7 +84,7 @@ def _run(run: RunRecord, spec: TargetSpec, steps: Callable[[Target], AuditReport
     return replace(report, notes=report.notes + notes) if notes else report
 
 
-def _open(spec: TargetSpec, run: RunRecord, stack: ExitStack) -> Target:
+def _open(spec: TargetSpec, run: RunRecord, stack: ExitStack, on_pull: PullCallback | None) -> Target:
     with run.step("open target"):
         if isinstance(spec, LocalSpec):
             from ..targets.local import LocalTree
@@ -88,7 +92,8 @@ def _open(spec: TargetSpec, run: RunRecord, stack: ExitStack) -> Target:
             return LocalTree(spec.root, python=spec.python)
         from ..targets.docker import ImageTarget
 
-        target = stack.enter_context(ImageTarget(spec.ref))
+        # --pull happens here (as `docker run` pulls before it creates); progress goes to on_pull.
+        target = stack.enter_context(ImageTarget(spec.ref, python=spec.python, pull=spec.pull, on_pull=on_pull))
         run.update(target=replace(run.draft.target, image=ImageRef(ref=spec.ref, id=target.info.id or "")))
         return target
 

@@ -58,8 +58,12 @@ def commit_image(spec: ImageSpec, target: ImageCapable, plan: PatchPlan, patchse
         committed = target.commit(labels=labels, tag=spec.tag, force=spec.force)
     run.update(result_image=ImageRef(ref=committed.ref, id=committed.id))
     if spec.push and spec.tag:
-        with run.step("push"):
-            digest = target.push(spec.tag)
+        try:
+            with run.step("push"):
+                digest = target.push(spec.tag)
+        except BaseException:
+            run.update(result_image=None)  # the target removed the tag again: there is no result
+            raise
         repository = spec.tag.rsplit(":", 1)[0] if ":" in spec.tag.rsplit("/", 1)[-1] else spec.tag
         run.update(result_image=ImageRef(ref=committed.ref, id=committed.id, repo_digest=f"{repository}@{digest}"))
         run.notes.append(f"pushed {spec.tag} as {repository}@{digest}")

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
+
+PullPolicy = Literal["never", "missing", "always"]   # as `docker run --pull`
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -13,7 +16,9 @@ class LocalSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class ImageSpec:
-    ref: str
+    ref: str                     # name:tag, name@sha256:… or an image id
+    python: str | None = None    # None: the interpreter that owns vLLM is found in the image
+    pull: PullPolicy = "missing"
     tag: str | None = None
     force: bool = False
     push: bool = False

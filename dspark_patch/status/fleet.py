@@ -105,7 +105,7 @@ def status(request: StatusRequest, *, on_progress: ProgressCallback | None = Non
 
 def _read_images(request: StatusRequest, patchsets: Sequence[PatchSet], progress: ProgressCallback) -> dict[str, ImageStatus]:
     from ..targets.docker import DockerEngine
-    from ..targets.docker.reader import ImageReader, pull
+    from ..targets.docker.reader import ImageReader
 
     engine = DockerEngine()  # unreachable: the whole command exits 3
     refs = list(dict.fromkeys(request.images))
@@ -114,7 +114,7 @@ def _read_images(request: StatusRequest, patchsets: Sequence[PatchSet], progress
     for ref in refs:  # cheap: one inspect each; groups tags of one image so it is read once
         try:
             if request.pull != "never":
-                pull(engine, ref, missing_only=request.pull == "missing", platform=request.platform)
+                engine.ensure_image(ref, pull=request.pull, platform=request.platform)
             by_id.setdefault(engine.image_info(ref).id, []).append(ref)
         except DsparkPatchError as exc:
             rows[ref] = _error_row(ref, exc)

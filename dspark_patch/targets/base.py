@@ -8,7 +8,7 @@ commit, tag, push) ask for `ImageCapable`, checked once per run.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
@@ -65,6 +65,21 @@ class LayerEntry:
     path: str                 # absolute, inside the image
     folder: bool
     sha256: str | None        # a file's content digest; None for a folder
+
+
+@dataclass(frozen=True, kw_only=True)
+class PullProgress:
+    """One event of an image pull: a layer's step (`layer` set) or a line about the whole image."""
+
+    ref: str
+    layer: str | None         # short layer id; None for image-wide lines ("Digest: …", the last one)
+    status: str               # the engine's words: "Pulling fs layer", "Downloading", "Pull complete", …
+    current: int | None = None
+    total: int | None = None
+    done: bool = False        # the last event of this pull
+
+
+PullCallback = Callable[[PullProgress], None]
 
 
 class Target(Protocol):

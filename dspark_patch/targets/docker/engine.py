@@ -21,6 +21,7 @@ import docker.types
 import requests.exceptions
 
 from ...errors import BadInput, EngineUnreachable, EnvironmentProblem, TargetNotFound
+from . import transfer
 from .naming import NAME_PREFIX, Owner, container_name, keep_requested
 from .signals import terminate_raises
 
@@ -105,32 +106,43 @@ class DockerEngine:
         except docker.errors.ImageNotFound:
             pass
 
+    def untag(self, name: str) -> str | None:
+        """Remove the name `name`; the image goes too when nothing else names or uses it.
+        Returns the id of the image it named, or None if there was no such name."""
+        try:
+            image_id = str(self.client.images.get(name).id)
+            self.client.images.remove(name, noprune=False)
+        except docker.errors.ImageNotFound:
+            return None
+        except docker.errors.APIError as exc:
+            raise EnvironmentProblem(f"removing the tag {name} failed: {reason(exc)}",
+                                     hint=f"remove it by hand: docker rmi {name}") from exc
+        return image_id
+
     def tag(self, image_id: str, name: str) -> None:
         repository, tag = _split_tag(name)
         self.client.images.get(image_id).tag(repository, tag)
 
     def push(self, tag: str) -> str:
         """Push `tag` to its registry; returns the pushed manifest digest (sha256:...)."""
-        repository, name_tag = _split_tag(tag)
-        digest = None
+        return transfer.push_image(self, tag)
+
+    def ensure_image(self, ref: str, *, pull: transfer.PullPolicy, platform: str | None = None,
+                     on_progress: transfer.PullCallback | None = None) -> tuple[ImageInfo, bool]:
+        """`ref` on this engine, pulled first as `pull` says; returns its info and whether it was pulled."""
+        return transfer.ensure_image(self, ref, pull=pull, platform=platform, on_progress=on_progress)
+
+    def path_stat(self, container_id: str, path: str) -> dict[str, Any] | None:
+        """The engine's stat of `path` in a container (started or not; nothing runs): name, size,
+        mode (Go's FileMode bits) and linkTarget (the link resolved in the container), or None."""
         try:
-            for event in self.client.images.push(repository, tag=name_tag, stream=True, decode=True):
-                if "error" in event:
-                    raise EnvironmentProblem(
-                        f"pushing {tag} failed: {event['error']}",
-                        hint="check that the registry is running and reachable from the engine",
-                    )
-                digest = (event.get("aux") or {}).get("Digest", digest)
-                # Podman's compatible API reports the digest only in the status line
-                # ("TAG: digest: sha256:... size: N"), never as `aux`.
-                status = str(event.get("status") or "")
-                if digest is None and ": digest: sha256:" in status:
-                    digest = status.split(": digest: ", 1)[1].split()[0]
+            stream, stat = self.client.api.get_archive(container_id, path)
+        except docker.errors.NotFound:
+            return None
         except docker.errors.APIError as exc:
-            raise EnvironmentProblem(f"pushing {tag} failed: {reason(exc)}") from exc
-        if digest is None:
-            raise EnvironmentProblem(f"pushing {tag} reported no digest")
-        return digest
+            raise EnvironmentProblem(f"reading {path} in container {container_id[:12]} failed: {reason(exc)}") from exc
+        stream.close()  # only the stat header was wanted; the tar is never read
+        return dict(stat)
 
     # --- our containers -----------------------------------------------------------------
     def our_containers(self) -> list[tuple[str, str]]:

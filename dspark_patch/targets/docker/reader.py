@@ -270,15 +270,3 @@ def preferred_sites(config: dict[str, Any]) -> list[str]:
                 sites += [f"{prefix}/lib/python3.{minor}/site-packages", f"{prefix}/lib/python3.{minor}/dist-packages"]
     return [*sites, "/usr/lib/python3/dist-packages"]
 
-
-def pull(engine: DockerEngine, ref: str, *, missing_only: bool, platform: str | None) -> None:
-    """`--pull missing|always`: the one thing status may change on the engine, when asked to."""
-    if missing_only and engine.tag_exists(ref):
-        return
-    try:
-        engine.client.images.pull(ref, platform=platform)
-    except docker.errors.APIError as exc:
-        cls = TargetNotFound if exc.status_code == 404 else EnvironmentProblem
-        raise cls(f"pulling {ref} failed: {_reason(exc)}") from None
-    except requests.exceptions.RequestException as exc:
-        raise EnvironmentProblem(f"pulling {ref} failed: {exc}") from None

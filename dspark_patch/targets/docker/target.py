@@ -18,14 +18,17 @@ import tarfile
 from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from ...errors import BadInput, CheckFailed, TargetNotFound, UnsafePatch
+from ...errors import BadInput, CheckFailed, DsparkPatchError, TargetNotFound, UnsafePatch
 from ...inside import source as inside_source
 from ..base import CommittedImage, Distribution, LayerEntry, RecordEntry, RunResult, TargetInfo
 from . import commit as commits
+from . import interpreter
 from .container import NEW_FILE, ExecutableMissing, FileMeta, WorkContainer
 from .engine import DockerEngine, ImageInfo
+from .reader import ImageReader
+from .transfer import PullCallback, PullPolicy
 
 if TYPE_CHECKING:
     from ...engine.plan import PatchPlan
@@ -37,12 +40,18 @@ PYTHONS = ("python3", "python")
 class ImageTarget:
     """A container made from `ref`, used as a patch target; use it as a context manager."""
 
-    def __init__(self, ref: str, *, engine: DockerEngine | None = None) -> None:
+    def __init__(
+        self, ref: str, *, engine: DockerEngine | None = None, python: str | None = None,
+        pull: PullPolicy = "never", on_pull: PullCallback | None = None,
+    ) -> None:
         self.ref = ref
         self._engine = engine
+        self._wanted_python = python  # --python: the interpreter to patch with, else discovered
+        self._pull = pull
+        self._on_pull = on_pull
         self._source: ImageInfo | None = None
         self._work: WorkContainer | None = None
-        self._python: str | None = None
+        self._python: str | None = None   # the keep-alive's interpreter (any python will do)
         self._dist: Distribution | None = None
         self._notes: list[str] = []
         self._layer: bytes | None = None
@@ -52,11 +61,13 @@ class ImageTarget:
     def __enter__(self) -> ImageTarget:
         if self._source is None:
             self._engine = self._engine or DockerEngine()
-            self._source = self._engine.image_info(self.ref)
+            self._source, pulled = self._engine.ensure_image(self.ref, pull=self._pull, on_progress=self._on_pull)
+            if pulled:
+                self._notes.append(f"pulled {self.ref} ({self._source.id[:19]}) from its registry (--pull {self._pull})")
             removed = self._engine.gc_containers()
             if removed:
                 self._notes.append(f"removed {len(removed)} container(s) left by an earlier, killed run")
-        self._work = self._start((self._python,) if self._python else PYTHONS)
+        self._work = self._start()
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -67,10 +78,35 @@ class ImageTarget:
             if work is not None:
                 self._notes.extend(work.notes)
 
-    def _start(self, pythons: Sequence[str]) -> WorkContainer:
-        assert self._engine and self._source
+    def _start(self) -> WorkContainer:
+        """The keep-alive container, run by some python of the image (not a shell: an image may
+        have none). Which python owns vLLM is `locate`'s question; this one only keeps it alive."""
+        if self._python or self._wanted_python:
+            python = self._python or self._wanted_python
+            assert python is not None
+            work = self._try_start([python])
+            if work is None:
+                raise TargetNotFound(f"image {self.ref} has no interpreter {python} (--python)",
+                                     hint="give --python the path of a python inside the image")
+            return work
+        work = self._try_start(PYTHONS)  # on PATH: the cheap, common case
+        if work is not None:
+            return work
+        # None on PATH: ask the archive API which of the config's candidates exist.
+        with ImageReader(self.ref, engine=self.engine, image_id=self.source.id) as peek:
+            paths = interpreter.candidates(self.source.config, peek.stat, lambda _: None)
+            found = interpreter.existing(paths, peek.stat)
+        work = self._try_start([i.path for i in found])
+        if work is None:
+            raise TargetNotFound(
+                f"image {self.ref} has no python3 or python (looked on its PATH and at {', '.join(paths[:6])}, …)",
+                hint="the tool runs the image's own interpreter; patch an image that has python",
+            )
+        return work
+
+    def _try_start(self, pythons: Sequence[str]) -> WorkContainer | None:
         for python in pythons:
-            work = WorkContainer(self._engine, self._source.id, ref=self.ref, python=python,
+            work = WorkContainer(self.engine, self.source.id, ref=self.ref, python=python,
                                  keepalive={"entrypoint": commits.keepalive_argv(python), "command": None})
             try:
                 entered = self._stack.enter_context(work)
@@ -78,10 +114,7 @@ class ImageTarget:
                 continue
             self._python = python
             return entered
-        raise TargetNotFound(
-            f"image {self.ref} has no python3 or python on its PATH",
-            hint="the tool runs the image's own interpreter; patch an image that has python",
-        )
+        return None
 
     @property
     def container(self) -> WorkContainer:
@@ -105,20 +138,21 @@ class ImageTarget:
 
     # --- Target protocol ----------------------------------------------------------------
     def locate(self, distribution: str) -> Distribution:
-        result = self.run_python(_LOCATE_SOURCE, [distribution], timeout=120)
-        if result.returncode != 0:
-            raise CheckFailed(
-                f"locating {distribution} in image {self.ref} failed "
-                f"(exit {result.returncode}): {result.stderr.decode(errors='replace').strip()[-500:]}"
-            )
-        found = json.loads(result.stdout.decode().strip().splitlines()[-1])
-        if not found["found"]:
-            raise TargetNotFound(
-                f"no {distribution} installed in image {self.ref} "
-                f"(looked with {found['python']} {found['python_version']} "
-                f"at sys.path {':'.join(found['sys_path'])})",
-                hint=f"patch an image that has {distribution} installed",
-            )
+        """The distribution as the interpreter that owns it sees it (see interpreter.py)."""
+        if self._wanted_python:
+            pythons = [interpreter.Interpreter(path=self._wanted_python, binary=self._wanted_python, venv=None)]
+        else:
+            pythons = self._interpreters()
+        results: list[interpreter.Located] = []
+        failures: list[CheckFailed] = []
+        for python in pythons:
+            try:
+                results.append(interpreter.Located(interpreter=python, found=self._locate_with(python.path, distribution)))
+            except CheckFailed as exc:  # one broken python (say, a python2) need not hide the others
+                failures.append(exc)
+        if failures and not any(r.found["found"] for r in results):
+            raise failures[0]
+        found = interpreter.choose(self.ref, distribution, results).found
         if found["package_dir"] and posixpath.dirname(found["package_dir"]) != found["location"]:
             raise BadInput(
                 f"in image {self.ref}, `import {distribution}` would load {found['package_dir']}, "
@@ -136,6 +170,39 @@ class ImageTarget:
             record=tuple(RecordEntry(path=p, sha256=h, size=s) for p, h, s in found["record"]),
         )
         return self._dist
+
+    def _interpreters(self) -> list[interpreter.Interpreter]:
+        """The image's distinct python environments, entrypoint's first (stats only; nothing runs)."""
+        def stat(path: str) -> dict[str, Any] | None:
+            return self.engine.path_stat(self.container.id, path)
+
+        def read_head(path: str) -> bytes | None:
+            if not interpreter.is_small_file(stat(path)):
+                return None
+            try:
+                found = self.container.copy_out(path)
+            except UnsafePatch:
+                return None
+            return found[0][:512] if found else None
+
+        found = interpreter.existing(interpreter.candidates(self.source.config, stat, read_head), stat)
+        return found or [interpreter.Interpreter(path=self.container.python, binary=self.container.python, venv=None)]
+
+    def _locate_with(self, python: str, distribution: str) -> dict[str, Any]:
+        result = self.container.call([python, "-B", "-c", _LOCATE_SOURCE, distribution], timeout=120)
+        if result.returncode != 0:
+            raise CheckFailed(
+                f"locating {distribution} in image {self.ref} with {python} failed "
+                f"(exit {result.returncode}): {result.stderr.decode(errors='replace').strip()[-500:]}"
+            )
+        found: dict[str, Any] = json.loads(result.stdout.decode().strip().splitlines()[-1])
+        return found
+
+    @property
+    def engine(self) -> DockerEngine:
+        if self._engine is None:
+            raise RuntimeError("ImageTarget used outside its with-block")
+        return self._engine
 
     def read(self, path: str) -> bytes | None:
         found = self.container.copy_out(self._absolute(path))
@@ -200,9 +267,22 @@ class ImageTarget:
         return commits.commit(self._engine, self.source, self._layer, labels=labels, tag=tag, force=force)
 
     def push(self, tag: str) -> str:
-        """Push a tag (e.g. the committed result) to its registry; returns the manifest digest."""
+        """Push a tag (e.g. the committed result) to its registry; returns the manifest digest.
+
+        A failed push leaves no name behind: the tag is removed, and with it the committed image
+        unless another name refers to it (the engine's own rule for `docker rmi TAG`)."""
         assert self._engine
-        return self._engine.push(tag)
+        try:
+            return self._engine.push(tag)
+        except BaseException:
+            try:
+                image_id = self._engine.untag(tag)
+                kept = image_id is not None and self._engine.tag_exists(image_id)
+                self._notes.append(f"the push failed, so the tag {tag} was removed again; the image {image_id} "
+                                   + ("stays: another name or container refers to it" if kept else "went with it"))
+            except DsparkPatchError as exc:  # the push's own error says more; this one goes into the notes
+                self._notes.append(exc.line())
+            raise
 
     def refuse_existing_tag(self, tag: str, *, force: bool) -> None:
         """Fail early, before any work, when `tag` exists and may not be moved."""
