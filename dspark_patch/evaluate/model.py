@@ -125,7 +125,7 @@ class KvComparison:
 
 
 @dataclass(frozen=True, kw_only=True)
-class ServerRunRecord:
+class ServerRunLog:
     """One of the two server starts of `evaluate`."""
 
     flag: FlagState
@@ -145,7 +145,7 @@ class EvaluationResult:
     image_id: str
     gpus: bool
     timeout_s: float
-    runs: tuple[ServerRunRecord, ServerRunRecord]   # (off, on)
+    runs: tuple[ServerRunLog, ServerRunLog]   # (off, on)
     comparison: KvComparison
     report_dir: str
     report_file: str

@@ -20,7 +20,7 @@ from ..errors import BadInput
 from ..serialise import dumps
 from .compare import DEFAULT_TOLERANCE_GIB, compare_logs
 from .kvlog import FLAG, parse_server_log
-from .model import EvaluationResult, FlagState, ServerRunRecord
+from .model import EvaluationResult, FlagState, ServerRunLog
 from .server import ContainerEngine, run_server
 
 FLAG_VALUES: dict[FlagState, str] = {"off": "0", "on": "1"}
@@ -147,7 +147,7 @@ def evaluate_image(
     except OSError as exc:
         raise BadInput(f"cannot create report folder {report_dir}: {exc.strerror or exc}") from exc
 
-    records: list[ServerRunRecord] = []
+    records: list[ServerRunLog] = []
     logs: dict[FlagState, str] = {}
     reasons: list[str] = []
     notes: list[str] = []
@@ -170,7 +170,7 @@ def evaluate_image(
                 f"the flag-{state} server exited (code {run.exit_code}) before printing its KV figures; "
                 f"see {log_file}"
             )
-        records.append(ServerRunRecord(
+        records.append(ServerRunLog(
             flag=state, flag_value=FLAG_VALUES[state], image_id=run.image_id,
             container_id=run.container_id, env=tuple(sorted(run_env.items())),
             args=tuple(server_args), exit_code=run.exit_code, ready=run.matched,

@@ -7,8 +7,8 @@
 from ..targets.base import PullCallback
 from .commands import apply, probe, verify
 from .image_steps import LABEL_PREFIX
-from .record import StepCallback
 from .requests import ApplyRequest, ImageSpec, LocalSpec, ProbeRequest, PullPolicy, TargetSpec, VerifyRequest
+from .runlog import StepCallback
 
 __all__ = [
     "LABEL_PREFIX", "ApplyRequest", "ImageSpec", "LocalSpec", "ProbeRequest", "PullCallback", "PullPolicy",

@@ -17,8 +17,8 @@ from ..patchset import resolve
 from ..report.model import AuditReport, FileReport, ImageRef
 from ..targets.base import ImageCapable, PullCallback, Target
 from .image_steps import check_labels, commit_image, take_layer
-from .record import RunRecord, StepCallback, target_report, with_distribution
 from .requests import ApplyRequest, ImageSpec, LocalSpec, ProbeRequest, TargetSpec, VerifyRequest
+from .runlog import RunLog, StepCallback, target_report, with_distribution
 from .steps import (
     CachingReader,
     bytecode_paths,
@@ -38,19 +38,19 @@ from .steps import (
 
 def apply(request: ApplyRequest, *, on_step: StepCallback | None = None,
           on_pull: PullCallback | None = None) -> AuditReport:
-    run = RunRecord.start("apply", target_report(request.target), on_step)
+    run = RunLog.start("apply", target_report(request.target), on_step)
     return _run(run, request.target, lambda target: _apply(request, target, run), on_pull)
 
 
 def verify(request: VerifyRequest, *, on_step: StepCallback | None = None,
            on_pull: PullCallback | None = None) -> AuditReport:
-    run = RunRecord.start("verify", target_report(request.target), on_step)
+    run = RunLog.start("verify", target_report(request.target), on_step)
     return _run(run, request.target, lambda target: _verify(request, target, run), on_pull)
 
 
 def probe(request: ProbeRequest, *, on_step: StepCallback | None = None,
           on_pull: PullCallback | None = None) -> AuditReport:
-    run = RunRecord.start("probe", target_report(request.target), on_step)
+    run = RunLog.start("probe", target_report(request.target), on_step)
 
     def steps(target: Target) -> AuditReport:
         with run.step("load patch"):
@@ -69,7 +69,7 @@ def probe(request: ProbeRequest, *, on_step: StepCallback | None = None,
     return _run(run, request.target, steps, on_pull)
 
 
-def _run(run: RunRecord, spec: TargetSpec, steps: Callable[[Target], AuditReport],
+def _run(run: RunLog, spec: TargetSpec, steps: Callable[[Target], AuditReport],
          on_pull: PullCallback | None) -> AuditReport:
     """Open the target, run the steps, close the target (removing any container), report."""
     target: Target | None = None
@@ -84,7 +84,7 @@ def _run(run: RunRecord, spec: TargetSpec, steps: Callable[[Target], AuditReport
     return replace(report, notes=report.notes + notes) if notes else report
 
 
-def _open(spec: TargetSpec, run: RunRecord, stack: ExitStack, on_pull: PullCallback | None) -> Target:
+def _open(spec: TargetSpec, run: RunLog, stack: ExitStack, on_pull: PullCallback | None) -> Target:
     with run.step("open target"):
         if isinstance(spec, LocalSpec):
             from ..targets.local import LocalTree
@@ -112,7 +112,7 @@ def _image_flow(spec: TargetSpec, target: Target) -> _ImageFlow | None:
     return _ImageFlow(spec=spec, target=target)
 
 
-def _apply(request: ApplyRequest, target: Target, run: RunRecord) -> AuditReport:
+def _apply(request: ApplyRequest, target: Target, run: RunLog) -> AuditReport:
     # The image flow, checked once: an image request opens an image target.
     image = _image_flow(request.target, target)
     patchset, dist, variant, diff = prepare(run, target, request.patch, request.strip)
@@ -178,7 +178,7 @@ def _apply(request: ApplyRequest, target: Target, run: RunRecord) -> AuditReport
     return run.report("applied")
 
 
-def _verify(request: VerifyRequest, target: Target, run: RunRecord) -> AuditReport:
+def _verify(request: VerifyRequest, target: Target, run: RunLog) -> AuditReport:
     patchset, dist, variant, diff = prepare(run, target, request.patch, request.strip)
     reader = CachingReader(target)
     problems: list[str] = []

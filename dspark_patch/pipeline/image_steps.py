@@ -12,15 +12,15 @@ from ..errors import LayerMismatch
 from ..patchset import PatchSet, Variant
 from ..report.model import ImageRef, LayerChange, LayerReport
 from ..targets.base import Distribution, ImageCapable
-from .record import RunRecord
 from .requests import ImageSpec
+from .runlog import RunLog
 from .steps import bytecode_paths
 
 LABEL_PREFIX = "io.github.dspark-patch"
 
 
 def take_layer(target: ImageCapable, dist: Distribution, plan: PatchPlan, pyc_before: dict[str, bytes | None],
-               run: RunRecord) -> None:
+               run: RunLog) -> None:
     """Take the new layer from the target: the planned files, their bytecode and folders.
 
     The layer is made of exactly those paths, so nothing else can be in it; what is checked
@@ -51,7 +51,7 @@ def take_layer(target: ImageCapable, dist: Distribution, plan: PatchPlan, pyc_be
             )
 
 
-def commit_image(spec: ImageSpec, target: ImageCapable, plan: PatchPlan, patchset: PatchSet, variant: Variant, run: RunRecord) -> None:
+def commit_image(spec: ImageSpec, target: ImageCapable, plan: PatchPlan, patchset: PatchSet, variant: Variant, run: RunLog) -> None:
     labels = labels_for(patchset, variant, plan, run)
     run.update(labels=dict(sorted(labels.items())))
     with run.step("commit"):
@@ -84,7 +84,7 @@ def expected_layer(plan: PatchPlan, dist: Distribution) -> set[str]:
     return paths
 
 
-def labels_for(patchset: PatchSet, variant: Variant, plan: PatchPlan, run: RunRecord) -> dict[str, str]:
+def labels_for(patchset: PatchSet, variant: Variant, plan: PatchPlan, run: RunLog) -> dict[str, str]:
     files = {fp.path: fp.post_sha256 for fp in plan.files}
     labels = {
         f"{LABEL_PREFIX}.patch.id": patchset.id or "bare-diff",
@@ -100,7 +100,7 @@ def labels_for(patchset: PatchSet, variant: Variant, plan: PatchPlan, run: RunRe
     return labels
 
 
-def digestable(run: RunRecord) -> dict:
+def digestable(run: RunLog) -> dict:
     report = run.draft
     return {
         "patch": report.patch and {"id": report.patch.id, "variant": report.patch.variant, "sha256": report.patch.sha256},

@@ -23,10 +23,10 @@ from ..patchset import PatchSet, Variant, resolve
 from ..probe.run import run_probe
 from ..report.model import CompiledFile, CompileReport, FileReport, HunkReport, IntegrityReport, PatchReport, ProbeReport
 from ..targets.base import Distribution, Target
-from .record import RunRecord, with_distribution
+from .runlog import RunLog, with_distribution
 
 
-def prepare(run: RunRecord, target: Target, patch: str | None, strip: int | None) -> tuple[PatchSet, Distribution, Variant, Diff]:
+def prepare(run: RunLog, target: Target, patch: str | None, strip: int | None) -> tuple[PatchSet, Distribution, Variant, Diff]:
     """Load the patch set, find the installed distribution, pick the variant and parse its diff."""
     with run.step("load patch"):
         patchset = resolve(patch, strip=strip)
@@ -50,7 +50,7 @@ class CachingReader:
         return self._cache[path]
 
 
-def select_variant(patchset: PatchSet, dist: Distribution, strip: int | None, run: RunRecord) -> tuple[Variant, Diff]:
+def select_variant(patchset: PatchSet, dist: Distribution, strip: int | None, run: RunLog) -> tuple[Variant, Diff]:
     variant = patchset.variants[0] if patchset.is_bare else patchset.variant_for(dist.version)
     run.update(patch=PatchReport(
         id=patchset.id, variant=None if patchset.is_bare else variant.name, sha256=variant.diff_sha256,
@@ -103,7 +103,7 @@ def check_post_images(plan: PatchPlan, variant: Variant, *, enforce: bool) -> No
             )
 
 
-def compile_files(target: Target, dist: Distribution, plan: PatchPlan, run: RunRecord) -> None:
+def compile_files(target: Target, dist: Distribution, plan: PatchPlan, run: RunLog) -> None:
     paths = [fp.path for fp in plan.files if fp.post is not None and fp.path.endswith(".py")]
     if not paths:
         run.update(compile=CompileReport(ok=True, ran=True))
@@ -132,7 +132,7 @@ def probe_failure(report: ProbeReport) -> ProbeFailed:
     return ProbeFailed(f"the patch set's probe failed: {report.detail}", hint="see the probe cases in the report")
 
 
-def probe_step(target: Target, dist: Distribution, probe: Path, run: RunRecord) -> None:
+def probe_step(target: Target, dist: Distribution, probe: Path, run: RunLog) -> None:
     with run.step("probe"):
         probed = run_probe(target, dist, probe)
         run.update(probe=probed)

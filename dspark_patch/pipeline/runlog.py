@@ -27,7 +27,7 @@ StepCallback = Callable[[StepReport], None]
 
 
 @dataclass(kw_only=True)
-class RunRecord:
+class RunLog:
     """A run in progress: the report so far (`draft`), and the steps and notes as they come.
 
     The pipeline sets report fields with `update`; `report` freezes the draft with the outcome.
@@ -39,7 +39,7 @@ class RunRecord:
     notes: list[str] = field(default_factory=list)
 
     @classmethod
-    def start(cls, command: Command, target: TargetReport, on_step: StepCallback | None) -> RunRecord:
+    def start(cls, command: Command, target: TargetReport, on_step: StepCallback | None) -> RunLog:
         # Until `report` says how it ended, a run counts as failed: a draft is never a success.
         draft = AuditReport(
             command=command,
