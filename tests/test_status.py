@@ -266,3 +266,23 @@ def test_status_of_a_missing_image_is_its_row_and_exit_2(fleet: dict[str, str]) 
     missing, patched = doc["images"]
     assert "not found" in missing["error"] and missing["exit_code"] == 2
     assert patched["patch_sets"][PATCH_ID] == "applied" and patched["exit_code"] == 0
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("source", ["fixture", "trixie-venv"])
+def test_status_reads_an_image_made_by_apply_beside_its_source_in_one_save(source: str, tmp_path: Path) -> None:
+    """The source's top layer is a lower layer of the patched image: the engine's save may write
+    it once and link the second copy (it did for trixie-venv); both images must be read whole."""
+    fixture = images.fixture_image() if source == "fixture" else images.trixie_venv_image()
+    tag = f"dspark-patch-test/status-applied:{secrets.token_hex(4)}"
+    res = run("apply", "--image", fixture, "--tag", tag, "--pull", "never", "--no-probe",
+              "--report-dir", str(tmp_path / "r"))
+    assert res.returncode == 0, res.stderr
+    try:
+        for order in ((fixture, tag), (tag, fixture)):
+            code, doc = status_json("--via", "layers", "--image", order[0], "--image", order[1])
+            states = {row["ref"]: (row["error"], row["patch_sets"].get(PATCH_ID)) for row in doc["images"]}
+            assert states == {fixture: (None, "absent"), tag: (None, "applied")}, states
+            assert code == 0
+    finally:
+        subprocess.run(["docker", "rmi", "-f", tag], capture_output=True, check=False)

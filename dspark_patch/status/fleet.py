@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from .. import __version__
-from ..errors import BadInput, DsparkPatchError, TargetNotFound
+from ..errors import BadInput, DsparkPatchError, EnvironmentProblem, TargetNotFound
 from ..patchset import PatchSet, available
 from ..report.status_model import FleetStatus, ImageStatus
 from ..targets.sitefiles import SiteFiles
@@ -172,7 +172,8 @@ def _read_layers(engine: DockerEngine, by_id: dict[str, list[str]], patchsets: S
         if failure is not None:
             row = _error_row(names[0], failure, **extra)
         elif image_id not in views:
-            row = _error_row(names[0], TargetNotFound(f"the engine's save of {names[0]} holds no manifest for it"), **extra)
+            row = _error_row(names[0], EnvironmentProblem(f"the engine's save of {names[0]} lacks its manifest or one of its layers",
+                                                         hint="read it alone: dspark-patch status --via container"), **extra)
         else:
             site = site_files(views[image_id], DISTRIBUTION, prefer=preferred_sites(info.config))
             row = (_error_row(names[0], TargetNotFound(f"no {DISTRIBUTION} in image {names[0]} (no site folder of any "

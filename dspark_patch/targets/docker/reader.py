@@ -228,11 +228,17 @@ def save_views(engine: DockerEngine, image_ids: Sequence[str], distribution: str
         raise EnvironmentProblem(f"reading the images' layers failed: HTTP {response.status_code} {response.text.strip()[:200]}")
     indexer = LayerIndexer(distribution)
     layers: dict[str, dict[str, Entry]] = {}
+    # A layer the archive already holds under another folder is written as a symlink to it
+    # (dockerd does this when a layer is the top of one image and a lower layer of another).
+    aliases: dict[str, str] = {}
     manifest: list[dict[str, Any]] = []
     try:
         stream = io.BufferedReader(_ChunkReader(response.iter_content(1 << 20)), 1 << 20)
         with tarfile.open(fileobj=stream, mode="r|", bufsize=1 << 20) as outer:
             for member in outer:
+                if member.issym():
+                    aliases[member.name] = posixpath.normpath(posixpath.join(posixpath.dirname(member.name), member.linkname))
+                    continue
                 if not member.isfile():
                     continue
                 fh = outer.extractfile(member)
@@ -250,12 +256,18 @@ def save_views(engine: DockerEngine, image_ids: Sequence[str], distribution: str
         raise EnvironmentProblem(f"reading the images' layers failed: {exc}") from exc
     finally:
         response.close()
+    for alias, target in aliases.items():
+        if target in layers:
+            layers[alias] = layers[target]
     views = {}
     for entry in manifest:
         config = posixpath.basename(entry.get("Config", "")).removesuffix(".json")
         image_id = next((i for i in image_ids if i.removeprefix("sha256:") == config), None)
-        if image_id is not None:
-            views[image_id] = merge(layers.get(name, {}) for name in entry.get("Layers") or ())
+        names = entry.get("Layers") or ()
+        # An image whose layer is missing from the archive gets no view (its row says so)
+        # rather than a view that silently lacks that layer's files.
+        if image_id is not None and all(name in layers for name in names):
+            views[image_id] = merge(layers[name] for name in names)
     return views
 
 
