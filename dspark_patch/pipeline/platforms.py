@@ -87,7 +87,7 @@ def _dispatch(command: Command, request: Request, single: Single, on_step: StepC
         return single(request, on_step=on_step)
     flow = _IndexRun(command=command, request=request, spec=spec, index=index, single=single, run=run)
     try:
-        return flow.run()
+        return flow.execute()
     except DsparkPatchError as exc:
         return flow.finish(error=exc)
 
@@ -130,7 +130,7 @@ class _IndexRun:
     single: Single
     run: RunRecord
 
-    def run(self) -> AuditReport:
+    def execute(self) -> AuditReport:
         from ..targets.docker import DockerEngine
         from ..targets.docker.commit import refuse_existing_tag
         from ..targets.docker.platforms import engine_platform
@@ -278,8 +278,8 @@ class _IndexRun:
         if failed:
             worst = max(failed, key=lambda r: r.report.exit_code)
             first = worst.report.errors[0] if worst.report.errors else None
-            names = ", ".join(r.platform for r in failed)
-            message = f"{names} failed" + (f"; {worst.platform}: {first.message}" if first else "")
+            message = "; ".join(f"{r.platform}: {r.report.errors[0].message if r.report.errors else 'failed'}"
+                                for r in failed)
             if self.command == "apply":
                 message += "; nothing was tagged or pushed"
             report = self.run.report("failed")
