@@ -278,8 +278,9 @@ class _IndexRun:
         if failed:
             worst = max(failed, key=lambda r: r.report.exit_code)
             first = worst.report.errors[0] if worst.report.errors else None
-            message = "; ".join(f"{r.platform}: {r.report.errors[0].message if r.report.errors else 'failed'}"
-                                for r in failed)
+            message = f"{worst.platform}: {first.message if first else 'failed'}"
+            if len(failed) > 1:  # each platform's own error is in its section of the report
+                message += f" (also failed: {', '.join(r.platform for r in failed if r is not worst)})"
             if self.command == "apply":
                 message += "; nothing was tagged or pushed"
             report = self.run.report("failed")
