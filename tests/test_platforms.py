@@ -148,9 +148,11 @@ def test_push_of_part_of_an_index_is_refused_before_any_work(index, tmp_path):
 
 
 def test_default_is_the_engines_platform_with_a_note_naming_the_others(index, tmp_path):
-    result = run("probe", "--image", index.ref, "--json", "--report-dir", str(tmp_path))
+    # A dry run: the source is unpatched, so its probe would (rightly) fail.
+    result = run("apply", "--image", index.ref, "--dry-run", "--json", "--report-dir", str(tmp_path))
     assert result.returncode == 0, result.stderr[-3000:]
     doc = result.json
+    assert doc["status"] == "dry-run"
     assert [p["platform"] for p in doc["platforms"]] == [AMD64]
     assert any(ARM64 in note and "--platform all" in note for note in doc["notes"])
 
