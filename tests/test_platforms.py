@@ -19,21 +19,9 @@ import pytest
 from dspark_patch.registry.index import Registry, parse_index
 from dspark_patch.report.render import read_report
 from tests.support.cli import run
-from tests.support.index import INDEX_ANNOTATIONS, PLATFORMS, PublishedIndex, fixture_index
+from tests.support.index import INDEX_ANNOTATIONS, PLATFORMS, PublishedIndex, fixture_index, remove_images_from
 
 AMD64, ARM64 = "linux/amd64", "linux/arm64/v8"
-
-
-def _remove_images_from(host: str) -> None:
-    """The images the runs pulled by digest (and tagged) from this module's registry: they
-    share their layers with the local fixtures, but their names would outlive the registry."""
-    listed = subprocess.run(["docker", "images", "--digests", "--format", "{{.Repository}} {{.Tag}} {{.Digest}}"],
-                            capture_output=True, text=True, check=True).stdout.splitlines()
-    for line in listed:
-        repository, tag, digest = line.split()
-        if repository.startswith(host + "/"):
-            ref = f"{repository}:{tag}" if tag != "<none>" else f"{repository}@{digest}"
-            subprocess.run(["docker", "rmi", ref], check=False, capture_output=True)
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +30,7 @@ def index(tmp_path_factory) -> PublishedIndex:
         try:
             yield published
         finally:
-            _remove_images_from(published.ref.split("/", 1)[0])
+            remove_images_from(published.ref.split("/", 1)[0])
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ import pytest
 from dspark_patch.registry.index import DOCKER_LIST, Registry, compose_index
 from tests.support.cli import run
 from tests.support.images import ROOT
-from tests.support.index import PLATFORMS, _push_image
+from tests.support.index import PLATFORMS, _push_image, remove_images_from
 from tests.support.registry import loopback_registry
 
 HANDLER = Path("/proc/sys/fs/binfmt_misc/qemu-aarch64")
@@ -68,7 +68,10 @@ def tiny_index(tmp_path_factory):
             images.append((registry.fetch(remote), platform))
         ref = f"{host}/tiny/python:both"
         registry.push(ref, compose_index(media_type=DOCKER_LIST, images=images), DOCKER_LIST)
-        yield ref
+        try:
+            yield ref
+        finally:
+            remove_images_from(host)
 
 
 def _emulation_checks() -> set[str]:
