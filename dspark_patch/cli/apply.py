@@ -24,17 +24,18 @@ def apply(
     no_compile: Annotated[bool, typer.Option("--no-compile", help="Do not byte-compile the patched files.")] = False,
     no_probe: common.NoProbeOpt = False,
     python: common.PythonOpt = None,
+    platform: common.PlatformOpt = None,
     allow_unknown_base: Annotated[bool, typer.Option("--allow-unknown-base", help="Do not require the known pre-image hashes; rely on zero-fuzz placement alone (the report says so).")] = False,
-    tag: Annotated[str | None, typer.Option("--tag", help="Name the patched image (--image only).")] = None,
+    tag: Annotated[str | None, typer.Option("--tag", help="Name the patched image (--image only). For an index: the new index; each platform image is tagged TAG-OS-ARCH[-VARIANT].")] = None,
     force: Annotated[bool, typer.Option("--force", help="Move an existing --tag to the new image.")] = False,
-    push: Annotated[bool, typer.Option("--push", help="Push --tag through the engine after committing.")] = False,
+    push: Annotated[bool, typer.Option("--push", help="Push --tag through the engine after committing. For an index: every platform image, then the new index (only if every platform passed).")] = False,
     report_dir: common.ReportDirOpt = None,
     junit: common.JunitOpt = None,
     as_json: common.JsonOpt = False,
 ) -> None:
     """Apply the patch with zero fuzz, byte-compile, probe, and (for an image) commit one new layer."""
     request = pipeline.ApplyRequest(
-        target=common.target_spec(root, image, python, pull=pull, tag=tag, force=force, push=push),
+        target=common.target_spec(root, image, python, pull=pull, tag=tag, force=force, push=push, platform=platform),
         patch=patch, strip=strip, dry_run=dry_run, compile=not no_compile, probe=not no_probe,
         allow_unknown_base=allow_unknown_base,
     )

@@ -22,11 +22,34 @@ StripOpt = Annotated[int | None, typer.Option("--strip", min=0, help="Leading pa
 NoProbeOpt = Annotated[bool, typer.Option("--no-probe", help="Skip the patch set's CPU probe.")]
 ReportDirOpt = Annotated[Path | None, typer.Option("--report-dir", help="Write audit.json, audit.md, junit.xml (and the attestation) here. Default: ./dspark-patch-reports/<command>-<time>.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the audit report as JSON on stdout and nothing else.")]
+PlatformOpt = Annotated[str | None, typer.Option(
+    "--platform", metavar="OS/ARCH[,...]|all",
+    help="For an image index in a registry (--image HOST/REPO:TAG): linux/amd64, a comma list, or all "
+    "(attestation entries are not platforms). Default: the engine's own platform.")]
 JunitOpt = Annotated[Path | None, typer.Option("--junit", help="Also write a JUnit XML file here.")]
 
 
+def platform_request(platform: str | None) -> str | None:
+    """The `--platform` value as the pipeline takes it (None: the engine's own platform).
+
+    Checked for form here, so a typo is exit 2 before any work; whether the index has each
+    platform is checked against the index itself (registry/platform.py `select`)."""
+    if platform is None:
+        return None
+    value = platform.strip()
+    if value == "all":
+        return value
+    from ..registry.platform import Platform
+
+    items = [item for item in value.split(",") if item.strip()]
+    if not items:
+        raise BadInput("--platform is empty", hint="write linux/amd64, a comma list, or all")
+    return ",".join(str(Platform.parse(item)) for item in items)
+
+
 def target_spec(root: Path | None, image: str | None, python: str | None, *, pull: str = "missing",
-                tag: str | None = None, force: bool = False, push: bool = False) -> TargetSpec:
+                tag: str | None = None, force: bool = False, push: bool = False,
+                platform: str | None = None) -> TargetSpec:
     if (root is None) == (image is None):
         raise BadInput("give exactly one target: --root DIR (a site-packages folder) or --image REF",
                        hint="see dspark-patch COMMAND --help")
@@ -34,7 +57,10 @@ def target_spec(root: Path | None, image: str | None, python: str | None, *, pul
     if image is not None:
         if push and not tag:
             raise BadInput("--push needs --tag NAME (the reference to push)")
-        return ImageSpec(ref=image, python=python, pull=policy, tag=tag, force=force, push=push)
+        return ImageSpec(ref=image, python=python, pull=policy, tag=tag, force=force, push=push,
+                         platform=platform_request(platform))
+    if platform is not None:
+        raise BadInput("--platform is for --image (an image index in a registry) only")
     if tag or force or push:
         raise BadInput("--tag, --force and --push are for --image only")
     return LocalSpec(root=str(root), python=python)

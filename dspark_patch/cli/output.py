@@ -92,6 +92,8 @@ def summary(report: AuditReport, report_dir: Path | None) -> None:
     rows = [("verdict", f"{verdict}: {report.status}")]
     t = report.target
     rows.append(("target", f"{t.kind} {t.ref}" + (f" ({t.image.id[:19]})" if t.image else "")))
+    if report.index is not None:
+        rows += _index_rows(report)
     if t.distribution:
         rows.append(("release", f"{t.distribution.name} {t.distribution.version} at {t.distribution.location}"))
     if report.patch:
@@ -132,6 +134,29 @@ def summary(report: AuditReport, report_dir: Path | None) -> None:
             print(f"step {step.name}: {step.status} ({step.seconds:.2f}s)" + (f" {step.detail}" if step.status == "skipped" else ""), file=sys.stderr)
         for key, value in rows:
             print(f"{key}: {value}", file=sys.stderr)
+
+
+def _index_rows(report: AuditReport) -> list[tuple[str, str]]:
+    index = report.index
+    assert index is not None
+    rows = [("index", f"{index.ref} ({index.digest[:19]}): {', '.join(index.platforms)}")]
+    for p in report.platforms:
+        r = p.report
+        facts = [f"{'OK' if r.ok else 'FAILED'}: {r.status}"]
+        if p.emulated:
+            facts.append("emulated")
+        if r.probe.ran:
+            facts.append(f"probe {sum(c.ok for c in r.probe.cases)}/{len(r.probe.cases)}")
+        if r.layer is not None:
+            facts.append(f"layer {len(r.layer.changes)} changes")
+        if r.result_image is not None:
+            facts.append(f"-> {r.result_image.ref}")
+        if r.errors:
+            facts.append(r.errors[0].message)
+        rows.append((p.platform, ", ".join(facts)))
+    if index.result_digest:
+        rows.append(("new index", f"{index.result_ref} ({index.result_digest})"))
+    return rows
 
 
 def print_json(text: str) -> None:

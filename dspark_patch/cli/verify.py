@@ -20,13 +20,14 @@ def verify(
     patch: common.PatchOpt = None,
     strip: common.StripOpt = None,
     python: common.PythonOpt = None,
+    platform: common.PlatformOpt = None,
     no_probe: common.NoProbeOpt = False,
     report_dir: common.ReportDirOpt = None,
     junit: common.JunitOpt = None,
     as_json: common.JsonOpt = False,
 ) -> None:
     """Prove a tree or image carries exactly the patch: post-images, bytecode, RECORD, labels, probe."""
-    request = pipeline.VerifyRequest(target=common.target_spec(root, image, python, pull=pull), patch=patch, strip=strip,
+    request = pipeline.VerifyRequest(target=common.target_spec(root, image, python, pull=pull, platform=platform), patch=patch, strip=strip,
                                      probe=not no_probe)
     with output.pull_display() as pulls:
         report = pipeline.verify(request, on_step=output.step_printer(not as_json), on_pull=pulls)
@@ -39,11 +40,12 @@ def probe(
     pull: common.PullOpt = "missing",
     patch: common.PatchOpt = None,
     python: common.PythonOpt = None,
+    platform: common.PlatformOpt = None,
     report_dir: common.ReportDirOpt = None,
     as_json: common.JsonOpt = False,
 ) -> None:
     """Run the patch set's own CPU probe with the target's interpreter (exit 0 pass, 1 fail)."""
-    request = pipeline.ProbeRequest(target=common.target_spec(root, image, python, pull=pull), patch=patch)
+    request = pipeline.ProbeRequest(target=common.target_spec(root, image, python, pull=pull, platform=platform), patch=patch)
     with output.pull_display() as pulls:
         report = pipeline.probe(request, on_step=output.step_printer(not as_json), on_pull=pulls)
     common.finish(report, report_dir=report_dir, as_json=as_json)

@@ -1,12 +1,15 @@
 """The pipeline: command line -> plan -> target -> report.
 
-`commands` holds apply / verify / probe; `steps` the steps every target shares;
+`commands` holds apply / verify / probe of one target; `platforms` runs them per platform of an
+image index; `steps` the steps every target shares;
 `image_steps` those of an image; `record` the run's record that becomes the AuditReport.
 """
 
 from ..targets.base import PullCallback
-from .commands import apply, probe, verify
 from .image_steps import LABEL_PREFIX
+
+# The entry points dispatch an image index to `platforms`; anything else runs `commands` as is.
+from .platforms import apply, probe, verify
 from .requests import ApplyRequest, ImageSpec, LocalSpec, ProbeRequest, PullPolicy, TargetSpec, VerifyRequest
 from .runlog import StepCallback
 

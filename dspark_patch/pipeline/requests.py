@@ -22,6 +22,9 @@ class ImageSpec:
     tag: str | None = None
     force: bool = False
     push: bool = False
+    # For an image index in a registry: `linux/amd64`, a comma list, or `all`; None is the
+    # engine's own platform (pipeline/platforms.py).
+    platform: str | None = None
 
 
 TargetSpec = LocalSpec | ImageSpec

@@ -41,10 +41,31 @@ def image_subject(image: ImageRef) -> tuple[str, str]:
     return image.ref, image.id
 
 
-def to_intoto(report: AuditReport, *, subject_name: str, subject_digest: str) -> dict[str, Any]:
+def subjects(report: AuditReport) -> list[tuple[str, str]]:
+    """What the statement is about: the result image; for an index run, the published index
+    and each platform's manifest (a policy may check either the tag a node pulls or the
+    platform image it resolved to); before a push, each platform's committed image."""
+    if report.result_image is not None:
+        return [image_subject(report.result_image)]
+    if not report.ok:  # a failed index run published nothing and kept no image
+        return []
+    found = []
+    if report.index is not None and report.index.result_ref and report.index.result_digest:
+        name = report.index.result_ref.split("@", 1)[0]
+        head, _, last = name.rpartition("/")
+        found.append((f"{head}/{last.split(':', 1)[0]}" if head else last.split(":", 1)[0], report.index.result_digest))
+    for platform in report.platforms:
+        if platform.report.result_image is not None:
+            found.append(image_subject(platform.report.result_image))
+    return found
+
+
+def to_intoto(report: AuditReport, *, subject_name: str, subject_digest: str,
+              more: list[tuple[str, str]] | None = None) -> dict[str, Any]:
+    named = [(subject_name, subject_digest), *(more or [])]
     return {
         "_type": STATEMENT_TYPE,
-        "subject": [{"name": subject_name, "digest": {"sha256": sha256_hex(subject_digest)}}],
+        "subject": [{"name": name, "digest": {"sha256": sha256_hex(digest)}} for name, digest in named],
         "predicateType": PREDICATE_TYPE,
         "predicate": to_data(report),
     }

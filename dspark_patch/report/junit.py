@@ -223,20 +223,16 @@ def check_cases(report: AuditReport) -> list[CheckCase]:
     return cases
 
 
-def to_junit(report: AuditReport) -> str:
-    cases = check_cases(report)
+def _suite(root: ET.Element, report: AuditReport, name: str, cases: list[CheckCase]) -> dict[str, int]:
     failures = sum(c.outcome == "failed" for c in cases)
     skipped = sum(c.outcome == "skipped" for c in cases)
     seconds = f"{sum(s.seconds for s in report.steps):.3f}"
     counts = {"tests": str(len(cases)), "failures": str(failures), "errors": "0", "skipped": str(skipped)}
-    suite_name = f"dspark-patch {report.command}"
-
-    root = ET.Element("testsuites", {"name": "dspark-patch", **counts, "time": seconds})
     suite = ET.SubElement(
-        root, "testsuite", {"name": suite_name, **counts, "time": seconds, "timestamp": report.started_at}
+        root, "testsuite", {"name": name, **counts, "time": seconds, "timestamp": report.started_at}
     )
     props = ET.SubElement(suite, "properties")
-    for name, value in (
+    for prop, value in (
         ("status", report.status),
         ("exit_code", str(report.exit_code)),
         ("target", report.target.ref),
@@ -245,7 +241,7 @@ def to_junit(report: AuditReport) -> str:
         ("variant", (report.patch.variant or "") if report.patch else ""),
         ("tool_version", report.tool_version),
     ):
-        ET.SubElement(props, "property", {"name": name, "value": _xml_text(value)})
+        ET.SubElement(props, "property", {"name": prop, "value": _xml_text(value)})
     for c in cases:
         tc = ET.SubElement(suite, "testcase", {"classname": f"dspark-patch.{c.group}", "name": _xml_text(c.name)})
         if c.outcome == "failed":
@@ -255,5 +251,46 @@ def to_junit(report: AuditReport) -> str:
             ET.SubElement(tc, "skipped", {"message": _xml_text(c.message)})
         elif c.detail:
             ET.SubElement(tc, "system-out").text = _xml_text(c.detail)
+    return {"tests": len(cases), "failures": failures, "skipped": skipped}
+
+
+def _index_cases(report: AuditReport) -> list[CheckCase]:
+    """The index's own checks: that it was published (after a push), and any failure of the
+    run that no platform's suite shows (a bad --platform, a refused push)."""
+    cases: list[CheckCase] = []
+    index = report.index
+    if index is not None and index.result_digest:
+        cases.append(CheckCase(group="index", name=f"index: published {index.result_ref}", outcome="passed",
+                               detail=index.result_digest))
+    shown = {e.message for p in report.platforms for e in p.report.errors}
+    for e in report.errors:
+        if any(message in e.message for message in shown):
+            continue
+        cases.append(CheckCase(group="run", name=f"run: {e.kind}", outcome="failed", message=e.message,
+                               detail=f"{e.message}\nWhat to do: {e.hint}" if e.hint else e.message))
+    return cases
+
+
+def to_junit(report: AuditReport) -> str:
+    """One suite for a single target; for an index run, one suite per platform (named after
+    it) plus one for the index itself when it has a case."""
+    root = ET.Element("testsuites", {"name": "dspark-patch"})
+    totals = {"tests": 0, "failures": 0, "skipped": 0}
+    suites: list[tuple[AuditReport, str, list[CheckCase]]] = []
+    if report.index is None:
+        suites.append((report, f"dspark-patch {report.command}", check_cases(report)))
+    else:
+        for p in report.platforms:
+            suites.append((p.report, f"dspark-patch {report.command} {p.platform}", check_cases(p.report)))
+        index_cases = _index_cases(report)
+        if index_cases or not report.platforms:
+            suites.append((report, f"dspark-patch {report.command} index", index_cases))
+    for suite_report, name, cases in suites:
+        for key, value in _suite(root, suite_report, name, cases).items():
+            totals[key] += value
+    seconds = f"{sum(s.seconds for s in report.steps) + sum(s.seconds for p in report.platforms for s in p.report.steps):.3f}"
+    root.attrib.update({"tests": str(totals["tests"]), "failures": str(totals["failures"]), "errors": "0",
+                        "skipped": str(totals["skipped"]), "time": seconds})
+    # Attribute order as before: name, counts, time.
     ET.indent(root)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"

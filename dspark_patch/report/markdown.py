@@ -90,7 +90,53 @@ def _file_section(f: FileReport, *, changed_here: bool) -> list[str]:
     return out
 
 
+def _index_markdown(report: AuditReport) -> str:
+    """An index run: the verdict for the whole, the index before and after, then each
+    platform's own audit as a section (its headings one level down)."""
+    index = report.index
+    assert index is not None
+    done = sum(p.report.ok for p in report.platforms)
+    lines = [
+        f"## {_mark(report.ok)} dspark-patch {report.command}: {_VERDICT[report.status]}",
+        "",
+        f"{done} of {len(report.platforms)} platform(s) of the index `{index.ref}` "
+        f"{'passed' if report.ok else 'passed; the run failed'}.",
+        "",
+    ]
+    if report.errors:
+        lines += ["### What went wrong", ""]
+        for e in report.errors:
+            lines.append(f"- **{_cell(e.kind)}** (exit {e.exit_code}): {_cell(e.message)}")
+            if e.hint:
+                lines.append(f"  - What to do: {_cell(e.hint)}")
+        lines.append("")
+    lines += ["### Index", "", "| | ref | digest | kind |", "|---|---|---|---|",
+              f"| before | {_code(index.ref)} | {_code(index.digest)} | {_code(index.media_type)} |",
+              f"| after | {_code(index.result_ref)} | {_code(index.result_digest)} | "
+              f"{_code(index.media_type) if index.result_digest else '—'} |", "",
+              f"Platforms in the index: {', '.join(_code(p) for p in index.platforms) or 'none'}.", ""]
+    if report.platforms:
+        lines += ["| platform | verdict | emulated | source manifest | result manifest |", "|---|---|---|---|---|"]
+        lines += [f"| {_code(p.platform)} | {_mark(p.report.ok)} {_VERDICT[p.report.status]} | "
+                  f"{'yes' if p.emulated else 'no'} | {_code(p.source_manifest)} | {_code(p.result_manifest)} |"
+                  for p in report.platforms]
+        lines.append("")
+    if report.steps:
+        lines += ["### Steps of the index", "", "| step | status | seconds | detail |", "|---|---|---:|---|"]
+        lines += [f"| {_cell(s.name)} | {s.status} | {s.seconds:.2f} | {_cell(s.detail)} |" for s in report.steps]
+        lines.append("")
+    if report.notes:
+        lines += ["### Notes", "", *(f"- {_cell(n)}" for n in report.notes), ""]
+    for p in report.platforms:
+        lines += [f"## Platform {_code(p.platform)}", ""]
+        lines += ["#" + line if line.startswith("#") else line for line in to_markdown(p.report).splitlines()]
+        lines.append("")
+    return "\n".join(lines)
+
+
 def to_markdown(report: AuditReport) -> str:
+    if report.index is not None:
+        return _index_markdown(report)
     lines: list[str] = [
         f"## {_mark(report.ok)} dspark-patch {report.command}: {_VERDICT[report.status]}",
         "",

@@ -163,6 +163,29 @@ class ErrorReport:
 
 
 @dataclass(frozen=True, kw_only=True)
+class IndexReport:
+    """The image index a multi-platform run started from, and the one it published."""
+
+    ref: str                        # registry/repo:tag (or @digest) as the user named it
+    media_type: str                 # OCI image index or Docker manifest list; the new one is the same kind
+    digest: str                     # sha256:... of the source index as served
+    platforms: tuple[str, ...]      # every platform it lists, in its order (attestations are not platforms)
+    result_ref: str | None = None   # where the patched index was pushed (--tag with --push)
+    result_digest: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlatformReport:
+    """One platform of an index run: its manifest before and after, and its own full audit."""
+
+    platform: str                   # linux/arm64/v8, as the index writes it
+    source_manifest: str            # sha256:... the source index names for it
+    emulated: bool                  # its compile and probe ran under emulation on the engine
+    report: AuditReport             # files, hunks, compile, probe, layer, result image, steps
+    result_manifest: str | None = None  # sha256:... of the pushed patched image
+
+
+@dataclass(frozen=True, kw_only=True)
 class AuditReport:
     # Field order is audit.json's key order: the verdict, the target, the patch, the evidence.
     schema: str = SCHEMA
@@ -182,6 +205,10 @@ class AuditReport:
     # An object in audit.json, not pairs: that is how `docker inspect` shows labels and how
     # policies read them.
     labels: Mapping[str, str] = field(default_factory=dict)
+    # A run over an image index: the index, and one full report per platform (in index order);
+    # the fields above then describe no single image, and the verdict is the whole run's.
+    index: IndexReport | None = None
+    platforms: tuple[PlatformReport, ...] = ()
     steps: tuple[StepReport, ...] = ()
     errors: tuple[ErrorReport, ...] = ()
     notes: tuple[str, ...] = ()

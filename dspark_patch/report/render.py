@@ -13,7 +13,7 @@ from typing import Literal
 
 from dspark_patch.errors import BadInput, EnvironmentProblem
 from dspark_patch.report.audit_json import from_json_dict, load_schema, read_report, to_json
-from dspark_patch.report.intoto import PREDICATE_TYPE, STATEMENT_TYPE, image_subject, to_intoto
+from dspark_patch.report.intoto import PREDICATE_TYPE, STATEMENT_TYPE, subjects, to_intoto
 from dspark_patch.report.junit import to_junit
 from dspark_patch.report.markdown import to_markdown
 from dspark_patch.report.model import AuditReport
@@ -45,13 +45,14 @@ PREDICATE_JSON = "predicate.json"
 
 
 def _statement(report: AuditReport) -> dict:
-    if report.result_image is None:
+    named = subjects(report)
+    if not named:
         raise BadInput(
             "this report has no result image, so there is nothing for an attestation to name",
             hint="attest the report of an `apply --image ... --tag ...` run that committed an image",
         )
-    name, digest = image_subject(report.result_image)
-    return to_intoto(report, subject_name=name, subject_digest=digest)
+    (name, digest), *more = named
+    return to_intoto(report, subject_name=name, subject_digest=digest, more=more)
 
 
 def render_as(report: AuditReport, fmt: Format) -> str:
@@ -101,7 +102,7 @@ def write_report_dir(report: AuditReport, directory: Path) -> list[Path]:
         write_text_atomic(directory / AUDIT_MD, to_markdown(report)),
         write_text_atomic(directory / JUNIT_XML, to_junit(report)),
     ]
-    if report.result_image is not None:
+    if subjects(report):
         written.append(write_text_atomic(directory / STATEMENT_JSON, dumps(_statement(report))))
         written.append(write_text_atomic(directory / PREDICATE_JSON, dumps(predicate)))
     else:

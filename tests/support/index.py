@@ -128,4 +128,16 @@ def fixture_index(workdir: Path, *, kind: str = DOCKER_LIST, attestation: bool =
         yield publish_index(host, kind=kind, attestation=attestation)
 
 
-__all__ = ["DOCKER_LIST", "OCI_INDEX", "PublishedIndex", "arm64_fixture_image", "publish_index"]
+def remove_images_from(host: str) -> None:
+    """Remove the images runs pulled by digest (or tagged) from the registry at `host`: they
+    share their layers with the local fixtures, but their names would outlive the registry."""
+    listed = subprocess.run(["docker", "images", "--digests", "--format", "{{.Repository}} {{.Tag}} {{.Digest}}"],
+                            capture_output=True, text=True, check=True).stdout.splitlines()
+    for line in listed:
+        repository, tag, digest = line.split()
+        if repository.startswith(host + "/"):
+            ref = f"{repository}:{tag}" if tag != "<none>" else f"{repository}@{digest}"
+            subprocess.run(["docker", "rmi", ref], check=False, capture_output=True)
+
+
+__all__ = ["DOCKER_LIST", "OCI_INDEX", "PublishedIndex", "arm64_fixture_image", "publish_index", "remove_images_from"]

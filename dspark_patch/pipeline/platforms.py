@@ -1,0 +1,313 @@
+"""apply / verify / probe over an image index: each chosen platform on its own, then one index.
+
+A serving tag is often an index (linux/amd64 for x86 GPU hosts, linux/arm64 for Grace hosts).
+Each platform's image is pulled by the digest the index names and run through the very same
+single-image flow (`commands`): zero-fuzz plan, hash checks, compile and probe with that
+platform's python (under emulation on a foreign one), exact layer, commit. Only when every
+platform passed are the results tagged, pushed and listed in a new index of the source's kind
+(`registry.index.republish`: the source's platforms, order, platform fields and annotations).
+
+A run here is dispatched only for an index: an image the engine already has, or one named
+without `--platform` that is not an index, goes to `commands` unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from functools import partial
+from typing import TYPE_CHECKING, TypeVar
+
+from ..errors import BadInput, DsparkPatchError, TagExists, TargetNotFound
+from ..registry.index import ImageIndex, Registry
+from ..registry.platform import Platform, select
+from ..report.model import AuditReport, Command, ErrorReport, ImageRef, IndexReport, PlatformReport, Status, TargetReport
+from ..targets.base import PullCallback
+from . import commands
+from .requests import ApplyRequest, ImageSpec, ProbeRequest, VerifyRequest
+from .runlog import RunLog, StepCallback
+
+if TYPE_CHECKING:
+    from ..targets.docker import DockerEngine
+
+Request = TypeVar("Request", ApplyRequest, VerifyRequest, ProbeRequest)
+Single = Callable[..., AuditReport]
+
+
+def apply(request: ApplyRequest, *, on_step: StepCallback | None = None,
+          on_pull: PullCallback | None = None) -> AuditReport:
+    return _dispatch("apply", request, partial(commands.apply, on_pull=on_pull), on_step)
+
+
+def verify(request: VerifyRequest, *, on_step: StepCallback | None = None,
+          on_pull: PullCallback | None = None) -> AuditReport:
+    return _dispatch("verify", request, partial(commands.verify, on_pull=on_pull), on_step)
+
+
+def probe(request: ProbeRequest, *, on_step: StepCallback | None = None,
+          on_pull: PullCallback | None = None) -> AuditReport:
+    return _dispatch("probe", request, partial(commands.probe, on_pull=on_pull), on_step)
+
+
+def platform_tag(tag: str, platform: Platform) -> str:
+    """`reg/repo:1.0` + linux/arm64/v8 -> `reg/repo:1.0-linux-arm64-v8`: where each patched
+    platform image is tagged (and pushed) before the index that lists them."""
+    repository, sep, name = tag.rpartition(":")
+    if not sep or "/" in name:
+        repository, name = tag, "latest"
+    return f"{repository}:{name}-{str(platform).replace('/', '-')}"
+
+
+def registry_host(ref: str) -> str | None:
+    """The registry a reference names (`127.0.0.1:5000/repo:tag` -> `127.0.0.1:5000`), or None
+    for a short Docker Hub name, whose first component is not a host."""
+    first, sep, _ = ref.partition("/")
+    if sep and ("." in first or ":" in first or first == "localhost"):
+        return first
+    return None
+
+
+def repository_of(ref: str) -> str:
+    """`host:port/path/name:tag` or `...@sha256:...` -> `host:port/path/name`."""
+    name = ref.split("@", 1)[0]
+    head, _, last = name.rpartition("/")
+    last = last.split(":", 1)[0]
+    return f"{head}/{last}" if head else last
+
+
+def _dispatch(command: Command, request: Request, single: Single, on_step: StepCallback | None) -> AuditReport:
+    spec = request.target
+    if not isinstance(spec, ImageSpec):
+        return single(request, on_step=on_step)
+    if spec.platform is None and not _may_be_index(spec.ref):
+        return single(request, on_step=on_step)
+    run = RunLog.start(command, TargetReport(kind="image", ref=spec.ref), on_step)
+    try:
+        index = _fetch_index(spec, run)
+    except DsparkPatchError as exc:
+        if spec.platform is None:  # not an index after all (or no registry): the image flow says why
+            return single(request, on_step=on_step)
+        return run.report("failed", exc)
+    if index is None:
+        return single(request, on_step=on_step)
+    flow = _IndexRun(command=command, request=request, spec=spec, index=index, single=single, run=run)
+    try:
+        return flow.execute()
+    except DsparkPatchError as exc:
+        return flow.finish(error=exc)
+
+
+def _may_be_index(ref: str) -> bool:
+    """Without --platform, only a registry-hosted name the engine does not have is looked up."""
+    if registry_host(ref) is None or "@" in ref:
+        return False
+    try:
+        from ..targets.docker import DockerEngine
+
+        return not DockerEngine().tag_exists(ref)
+    except DsparkPatchError:
+        return False  # no engine: the image flow reports that
+
+
+def _fetch_index(spec: ImageSpec, run: RunLog) -> ImageIndex | None:
+    host = registry_host(spec.ref)
+    if host is None:
+        raise BadInput(
+            f"--platform selects platforms of an image index in a registry; {spec.ref} names no registry host",
+            hint="name the index with its registry, e.g. registry.example:5000/vllm/vllm-openai:TAG",
+        )
+    with run.step("read index"):
+        index = Registry(host).fetch_index(spec.ref)
+    if index is None and spec.platform is not None:
+        raise BadInput(
+            f"{spec.ref} is a single-platform image, not an index; --platform selects platforms of an index",
+            hint="drop --platform",
+        )
+    return index
+
+
+@dataclass(kw_only=True)
+class _IndexRun:
+    command: Command
+    request: ApplyRequest | VerifyRequest | ProbeRequest
+    spec: ImageSpec
+    index: ImageIndex
+    single: Single
+    run: RunLog
+
+    def execute(self) -> AuditReport:
+        from ..targets.docker import DockerEngine
+        from ..targets.docker.commit import refuse_existing_tag
+        from ..targets.docker.platforms import engine_platform
+
+        run, spec, index = self.run, self.spec, self.index
+        run.update(index=IndexReport(ref=spec.ref, media_type=index.manifest.media_type,
+                                     digest=index.manifest.digest, platforms=tuple(map(str, index.platforms))))
+        engine = DockerEngine()
+        os_, arch, variant = engine_platform(engine)
+        native = Platform(os=os_, architecture=arch, variant=variant)
+        chosen = select(index.platforms, spec.platform, native)
+        others = [str(p) for p in index.platforms if p not in chosen]
+        if spec.platform is None and others:
+            run.notes.append(f"the index also has {', '.join(others)}; only the engine's own platform "
+                             f"{chosen[0]} was {self._done()} (choose with --platform, or --platform all)")
+        writes = self.command == "apply" and not getattr(self.request, "dry_run", False)
+        if writes and spec.push and others:
+            raise BadInput(
+                f"--push publishes one index with every platform of {spec.ref}, but {', '.join(others)} "
+                "would not be patched",
+                hint="add --platform all",
+            )
+        tags = {p: platform_tag(spec.tag, p) for p in chosen} if spec.tag and writes else {}
+        for tag in tags.values():
+            refuse_existing_tag(engine, tag, force=spec.force)
+        if tags and spec.push and spec.tag:
+            self._refuse_existing_index(spec.tag)
+
+        reports = [self._one(engine, p, native) for p in chosen]
+        run.update(platforms=tuple(reports))
+        failed = [r for r in reports if not r.report.ok]
+        if failed:
+            if writes:
+                run.update(platforms=tuple(self._discard(engine, reports)))
+            return self.finish(failed=failed)
+        if tags:
+            reports = self._tag(engine, reports, tags)
+            run.update(platforms=tuple(reports))
+        if tags and spec.push and spec.tag:
+            self._publish(engine, reports, tags, spec.tag)
+        elif tags:
+            run.notes.append("each platform image is tagged on the engine; --push publishes them and the index")
+        return self.finish()
+
+    def _refuse_existing_index(self, tag: str) -> None:
+        host = registry_host(tag)
+        if host is None:
+            raise BadInput(f"--tag {tag} names no registry host to push the index to",
+                           hint="write HOST[:PORT]/REPO:TAG")
+        try:
+            found = Registry(host).fetch(tag)
+        except TargetNotFound:
+            return
+        if not self.spec.force:
+            raise TagExists(f"{tag} already exists in its registry ({found.digest})",
+                            hint="choose another --tag, or pass --force to replace it")
+
+    def _done(self) -> str:
+        return {"apply": "patched", "verify": "verified", "probe": "probed"}[self.command]
+
+    def _one(self, engine: DockerEngine, platform: Platform, native: Platform) -> PlatformReport:
+        from ..targets.docker.platforms import check_emulation, pull_digest
+
+        entry = self.index.entry_for(platform)
+        ref = f"{repository_of(self.spec.ref)}@{entry.digest}"
+        emulated = not platform.matches(native)
+        sub_run = RunLog.start(self.command, TargetReport(kind="image", ref=ref), self._prefixed(platform))
+        try:
+            with sub_run.step("pull"):
+                pull_digest(engine, ref, str(platform))
+            if emulated:
+                with sub_run.step("emulation"):
+                    check_emulation(engine, engine.image_info(ref).id, str(platform))
+        except DsparkPatchError as exc:
+            report = sub_run.report("failed", exc)
+        else:
+            # Pulled by digest above; the platform's python is found (or --python used) as for any image.
+            target = replace(self.spec, ref=ref, tag=None, push=False, platform=None, pull="never")
+            report = self.single(replace(self.request, target=target), on_step=self._prefixed(platform))
+            report = replace(report, steps=tuple(sub_run.steps) + report.steps)
+        return PlatformReport(platform=str(platform), source_manifest=entry.digest, emulated=emulated, report=report)
+
+    def _prefixed(self, platform: Platform) -> StepCallback | None:
+        outer = self.run.on_step
+        if outer is None:
+            return None
+        return lambda step: outer(replace(step, name=f"{platform} {step.name}"))
+
+    def _discard(self, engine: DockerEngine, reports: list[PlatformReport]) -> list[PlatformReport]:
+        """A run that failed on one platform leaves no new image from the others (they were
+        committed untagged, so nothing else refers to them)."""
+        kept = []
+        for r in reports:
+            image = r.report.result_image
+            if r.report.status == "applied" and image is not None:
+                engine.remove_image(image.id)
+                note = f"removed the committed image {image.id[:19]}: another platform failed"
+                r = replace(r, report=replace(r.report, result_image=None, notes=(*r.report.notes, note)))
+            kept.append(r)
+        return kept
+
+    def _tag(self, engine: DockerEngine, reports: list[PlatformReport], tags: dict[Platform, str]) -> list[PlatformReport]:
+        tagged = []
+        with self.run.step("tag"):
+            for r in reports:
+                image = r.report.result_image or r.report.target.image
+                assert image is not None  # an applied or already-applied image run names its result
+                tag = tags[Platform.parse(r.platform)]
+                engine.tag(image.id, tag)
+                tagged.append(replace(r, report=replace(r.report, result_image=ImageRef(ref=tag, id=image.id))))
+        return tagged
+
+    def _publish(self, engine: DockerEngine, reports: list[PlatformReport], tags: dict[Platform, str], index_tag: str) -> None:
+        host = registry_host(index_tag)
+        assert host is not None  # checked before any work by _refuse_existing_index
+        registry = Registry(host)
+        patched = {}
+        published = []
+        for r in reports:
+            platform = Platform.parse(r.platform)
+            tag = tags[platform]
+            with self.run.step(f"push {platform}"):
+                digest = engine.push(tag)
+                manifest = registry.fetch(f"{repository_of(tag)}@{digest}")
+            # The index entry is matched by the source's own platform value, variant included.
+            listed = self.index.entry_for(platform).platform
+            assert listed is not None  # entry_for only finds entries that name a platform
+            patched[listed] = manifest
+            image = r.report.result_image
+            assert image is not None
+            result = replace(image, repo_digest=f"{repository_of(tag)}@{digest}")
+            published.append(replace(r, result_manifest=digest, report=replace(r.report, result_image=result)))
+        self.run.update(platforms=tuple(published))
+        from ..registry.index import republish
+
+        with self.run.step("push index"):
+            body = republish(self.index, patched)
+            pushed = registry.push(index_tag, body, self.index.manifest.media_type)
+        assert self.run.draft.index is not None
+        self.run.update(index=replace(self.run.draft.index, result_ref=index_tag, result_digest=pushed.digest))
+        self.run.notes.append(f"pushed the index {index_tag} ({pushed.digest}) listing "
+                              f"{len(published)} patched platform image(s)")
+
+    def finish(self, *, failed: Sequence[PlatformReport] = (), error: DsparkPatchError | None = None) -> AuditReport:
+        """The whole run's verdict: failed if the index-level work or any platform failed."""
+        if error is not None:
+            return self.run.report("failed", error)
+        if failed:
+            worst = max(failed, key=lambda r: r.report.exit_code)
+            first = worst.report.errors[0] if worst.report.errors else None
+            message = f"{worst.platform}: {first.message if first else 'failed'}"
+            if len(failed) > 1:  # each platform's own error is in its section of the report
+                message += f" (also failed: {', '.join(r.platform for r in failed if r is not worst)})"
+            if self.command == "apply":
+                message += "; nothing was tagged or pushed"
+            report = self.run.report("failed")
+            return replace(report, status="failed", exit_code=worst.report.exit_code, errors=(ErrorReport(
+                kind=first.kind if first else "platform-failed", message=message,
+                hint=first.hint if first else None, exit_code=worst.report.exit_code),))
+        statuses = {r.report.status for r in self.run.draft.platforms}
+        status: Status
+        if self.command == "verify":
+            status = "verified"
+        elif self.command == "probe":
+            status = "probed"
+        elif statuses == {"dry-run"}:
+            status = "dry-run"
+        elif statuses == {"already-applied"}:
+            status = "already-applied"
+        else:
+            status = "applied"
+        return self.run.report(status)
+
+
+__all__ = ["apply", "platform_tag", "probe", "registry_host", "repository_of", "verify"]
