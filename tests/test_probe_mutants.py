@@ -158,12 +158,13 @@ def test_probe_alone_kills_the_mutant_with_a_named_case(outcomes, name):
 
 
 def test_the_census_survives_the_saved_report_and_renders_as_a_table(outcomes, tmp_path):
-    from dspark_patch.report.audit_json import from_json_dict, to_json_dict
+    from dspark_patch.report.audit_json import from_json_dict
     from dspark_patch.report.render import render_as
+    from dspark_patch.serialise import to_data
 
     _code, report = outcomes["runner reads the accessor directly"]
     read = from_json_dict(report)
-    assert to_json_dict(read)["probe"]["census"] == report["probe"]["census"]
+    assert to_data(read)["probe"]["census"] == report["probe"]["census"]
     bad = [e for e in read.probe.census if e.reached and not e.none_safe]
     assert [(e.file, e.line) for e in bad] == [(RUNNER, 958)]
     md = render_as(read, "md")

@@ -235,8 +235,9 @@ def test_status_of_a_fleet_reads_every_image_without_starting_or_leaving_anythin
     # Nothing on the engine changed: same images and tags, no container of ours left; several
     # images are read from one save of their layers, so no container was even made from them.
     after = _docker("images", "-a", "--no-trunc", "--format", "{{.ID}} {{.Repository}}:{{.Tag}}")
-    assert [line for line in images_before.splitlines() if any(r in line for r in ours)] == \
-        [line for line in after.splitlines() if any(r in line for r in ours)]
+    # (as sets: the engine lists images created in the same second in no fixed order)
+    assert sorted(line for line in images_before.splitlines() if any(r in line for r in ours)) == \
+        sorted(line for line in after.splitlines() if any(r in line for r in ours))
     assert {ref: _docker("image", "inspect", "-f", "{{.Id}}", ref).strip() for ref in fleet.values()} == ids_before
     assert "dspark-patch--status--" not in _docker("ps", "-a", "--format", "{{.Names}}")
     assert _container_events(since, until, {ids_before[ref] for ref in ours}) == []
