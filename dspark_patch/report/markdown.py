@@ -103,13 +103,7 @@ def _index_markdown(report: AuditReport) -> str:
         f"{'passed' if report.ok else 'passed; the run failed'}.",
         "",
     ]
-    if report.errors:
-        lines += ["### What went wrong", ""]
-        for e in report.errors:
-            lines.append(f"- **{_cell(e.kind)}** (exit {e.exit_code}): {_cell(e.message)}")
-            if e.hint:
-                lines.append(f"  - What to do: {_cell(e.hint)}")
-        lines.append("")
+    lines += _errors(report)
     lines += ["### Index", "", "| | ref | digest | kind |", "|---|---|---|---|",
               f"| before | {_code(index.ref)} | {_code(index.digest)} | {_code(index.media_type)} |",
               f"| after | {_code(index.result_ref)} | {_code(index.result_digest)} | "
@@ -134,6 +128,17 @@ def _index_markdown(report: AuditReport) -> str:
     return "\n".join(lines)
 
 
+def _errors(report: AuditReport) -> list[str]:
+    if not report.errors:
+        return []
+    lines = ["### What went wrong", ""]
+    for e in report.errors:
+        lines.append(f"- **{_cell(e.kind)}** (exit {e.exit_code}): {_cell(e.message)}")
+        if e.hint:
+            lines.append(f"  - What to do: {_cell(e.hint)}")
+    return [*lines, ""]
+
+
 def to_markdown(report: AuditReport) -> str:
     if report.index is not None:
         return _index_markdown(report)
@@ -144,13 +149,7 @@ def to_markdown(report: AuditReport) -> str:
         "",
     ]
 
-    if report.errors:
-        lines += ["### What went wrong", ""]
-        for e in report.errors:
-            lines.append(f"- **{_cell(e.kind)}** (exit {e.exit_code}): {_cell(e.message)}")
-            if e.hint:
-                lines.append(f"  - What to do: {_cell(e.hint)}")
-        lines.append("")
+    lines += _errors(report)
 
     t = report.target
     lines += ["### Target", "", "| | ref | image id | repo digest |", "|---|---|---|---|"]
