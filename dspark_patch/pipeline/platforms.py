@@ -197,7 +197,7 @@ class _IndexRun:
         return {"apply": "patched", "verify": "verified", "probe": "probed"}[self.command]
 
     def _one(self, engine: DockerEngine, platform: Platform, native: Platform) -> PlatformReport:
-        from ..targets.docker.platforms import check_emulation, pull_digest
+        from ..targets.docker.platforms import check_emulation
 
         entry = self.index.entry_for(platform)
         ref = f"{repository_of(self.spec.ref)}@{entry.digest}"
@@ -205,7 +205,9 @@ class _IndexRun:
         sub_run = RunLog.start(self.command, TargetReport(kind="image", ref=ref), self._prefixed(platform))
         try:
             with sub_run.step("pull"):
-                pull_digest(engine, ref, str(platform))
+                # By digest, so the engine gets exactly the manifest the index names, and for the
+                # platform, so it does not refuse an image of another architecture.
+                engine.ensure_image(ref, pull="missing", platform=str(platform))
             if emulated:
                 with sub_run.step("emulation"):
                     check_emulation(engine, engine.image_info(ref).id, str(platform))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import docker.errors
 
-from ...errors import EnvironmentProblem, TargetNotFound
+from ...errors import EnvironmentProblem
 from .engine import DockerEngine, reason
 from .naming import container_name, keep_requested
 
@@ -47,27 +47,6 @@ def engine_platform(engine: DockerEngine) -> tuple[str, str, str]:
     machine = str(info.get("Architecture", ""))
     architecture, variant = _ARCHITECTURES.get(machine, (machine, ""))
     return str(info.get("OSType") or "linux"), architecture, variant
-
-
-def pull_digest(engine: DockerEngine, ref: str, platform: str) -> None:
-    """Make the image `repo@sha256:...` local, pulled for `platform` (nothing if it is there).
-
-    By digest, so the engine gets exactly the manifest the index names, and with the platform
-    said, so the engine does not refuse or warn about an image of another architecture."""
-    try:
-        engine.client.images.get(ref)
-        return
-    except docker.errors.ImageNotFound:
-        pass
-    try:
-        engine.client.api.pull(ref, platform=platform)
-    except docker.errors.NotFound as exc:
-        raise TargetNotFound(f"{ref} ({platform}) is not in its registry: {reason(exc)}") from exc
-    except docker.errors.APIError as exc:
-        raise EnvironmentProblem(
-            f"the engine could not pull {ref} ({platform}): {reason(exc)}",
-            hint="check that the registry is reachable from the engine and that you are logged in",
-        ) from exc
 
 
 def check_emulation(engine: DockerEngine, image_id: str, platform: str, python: str = "python3") -> None:
