@@ -195,13 +195,19 @@ def test_verify_names_labels_that_disagree_with_the_files(applied, client, tag, 
     assert "label" in res.assert_clean_error(1)
 
 
+def _image_ids(client) -> set[str]:
+    # The low-level list: the high-level one inspects each image, and another run's image can
+    # vanish in between.
+    return set(client.api.images(all=True, quiet=True))
+
+
 def test_dry_run_commits_nothing(client, source, tag, tmp_path):
-    images_before = {i.id for i in client.images.list(all=True)}
+    images_before = _image_ids(client)
     res = run("apply", "--image", source, "--tag", tag, "--dry-run", "--json", "--report-dir", str(tmp_path / "r"))
     assert res.returncode == 0, res.stderr
     assert res.json["status"] == "dry-run" and res.json["result_image"] is None
     assert not image_exists(client, tag)
-    assert {i.id for i in client.images.list(all=True)} == images_before
+    assert _image_ids(client) == images_before
     assert our_containers(client) == []
 
 
@@ -320,3 +326,30 @@ def test_an_image_whose_consumer_reads_the_residual_fails_the_probe_and_is_not_t
         assert our_containers(client) == []  # the work container and its twin are gone
     finally:
         client.images.remove(broken_tag, force=True)
+
+
+def test_a_patch_that_deletes_a_module_removes_it_from_the_image(client, source, tag, tmp_path):
+    """Deleting is a whiteout in the new layer: the file (and its bytecode) are gone from the
+    result, the source still has them, and verify proves the result carries the diff."""
+    gone = "vllm/logging_utils/__init__.py"
+    pre = client.containers.run(source, ["-c", f"import sys; sys.stdout.write(open('{LOCATION}/{gone}').read())"],
+                                entrypoint="python3", network_mode="none", remove=True)
+    lines = pre.decode().splitlines(keepends=True)
+    diff = tmp_path / "delete.diff"
+    diff.write_text(f"--- a/{gone}\n+++ /dev/null\n@@ -1,{len(lines)} +0,0 @@\n" + "".join("-" + line for line in lines))
+    res = run("apply", "--image", source, "--tag", tag, "--pull", "never", "--patch", str(diff), "--json",
+              "--report-dir", str(tmp_path / "r"))
+    assert res.returncode == 0, res.stderr
+    changes = {c["path"]: c["kind"] for c in res.json["layer"]["changes"]}
+    assert changes[f"{LOCATION}/{gone}"] == "D"
+    assert changes[f"{LOCATION}/vllm/logging_utils/__pycache__/__init__.cpython-311.pyc"] == "D"
+    top = _top_layer_files(client.images.get(tag))
+    assert {p for p, kind in top.items() if kind == "file"} == {
+        f"{LOCATION}/vllm/logging_utils/.wh.__init__.py".lstrip("/"),
+        f"{LOCATION}/vllm/logging_utils/__pycache__/.wh.__init__.cpython-311.pyc".lstrip("/"),
+    }
+    probe = f"import os; print(os.path.exists('{LOCATION}/{gone}'), os.path.exists('{LOCATION}/vllm/envs.py'))"
+    assert client.containers.run(tag, ["-c", probe], entrypoint="python3", network_mode="none", remove=True) == b"False True\n"
+    assert client.containers.run(source, ["-c", probe], entrypoint="python3", network_mode="none", remove=True) == b"True True\n"
+    res = run("verify", "--image", tag, "--pull", "never", "--patch", str(diff), "--json", "--report-dir", str(tmp_path / "v"))
+    assert res.returncode == 0, res.stderr

@@ -3,7 +3,9 @@
 Each entry carries the owner, mode and mtime it has in this container (the files were written
 keeping the pre-image's owner and mode; folders are as the image has them), so the layer is what
 `docker commit` would have taken from the container for these paths and nothing else.
-Usage: python -B -c SOURCE FILE... (absolute paths of regular files); the tar on stdout.
+A path after `--delete` is written as a whiteout (`.wh.NAME`, an empty file beside it), the OCI
+layer's way of removing a file the lower layers hold.
+Usage: python -B -c SOURCE [--delete PATH]... FILE... (absolute paths); the tar on stdout.
 """
 
 import os
@@ -12,8 +14,17 @@ import sys
 import tarfile
 
 
-def layer(paths, out):
+def layer(paths, deleted, out):
     entries = set()
+    whiteouts = set()
+    for path in deleted:
+        folder, name = os.path.split(path)
+        if not os.path.isdir(folder):  # nothing below can hold it: nothing to remove
+            continue
+        whiteouts.add(os.path.join(folder, ".wh." + name))
+        while folder != "/":
+            entries.add(folder)
+            folder = os.path.dirname(folder)
     for path in paths:
         st = os.lstat(path)
         if not stat.S_ISREG(st.st_mode):
@@ -25,10 +36,27 @@ def layer(paths, out):
             folder = os.path.dirname(folder)
     # Sorted: every folder comes before what it holds.
     with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:
-        for entry in sorted(entries):
-            tar.add(entry, arcname=entry.lstrip("/"), recursive=False)
+        for entry in sorted(entries | whiteouts):
+            if entry in whiteouts:
+                member = tarfile.TarInfo(entry.lstrip("/"))
+                member.mode = 0o644
+                tar.addfile(member)
+            else:
+                tar.add(entry, arcname=entry.lstrip("/"), recursive=False)
+
+
+def _parse(argv):
+    paths, deleted = [], []
+    args = iter(argv)
+    for arg in args:
+        if arg == "--delete":
+            deleted.append(next(args))
+        else:
+            paths.append(arg)
+    return paths, deleted
 
 
 if __name__ == "__main__":
-    layer(sys.argv[1:], sys.stdout.buffer)
+    files, gone = _parse(sys.argv[1:])
+    layer(files, gone, sys.stdout.buffer)
     sys.stdout.buffer.flush()

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import replace
 
 from .. import __version__
-from ..engine.plan import PatchPlan
+from ..engine.plan import FilePlan, PatchPlan
 from ..errors import LayerMismatch
 from ..patchset import PatchSet, Variant
 from ..report.model import ImageRef, LayerChange, LayerReport
@@ -26,18 +27,19 @@ def take_layer(target: ImageCapable, dist: Distribution, plan: PatchPlan, pyc_be
     The layer is made of exactly those paths, so nothing else can be in it; what is checked
     here is that the planned files hold the planned bytes."""
     with run.step("layer"):
-        deleted = [fp.path for fp in plan.files if fp.post is None]
-        if deleted:  # the layer would need a whiteout entry, which take_layer does not write yet
-            raise LayerMismatch(f"the patch deletes {deleted[0]}, and deleting a file from an image is not supported yet",
-                                hint="nothing was committed; patch a local tree (--root) instead")
-        files = [fp.path for fp in plan.files if fp.post is not None]
-        bytecode = [pyc for pyc in bytecode_paths(plan, dist) if run.draft.compile.ran]
-        entries = target.take_layer([*files, *bytecode])
+        kept = [fp for fp in plan.files if fp.post is not None]
+        gone = [fp for fp in plan.files if fp.post is None]
+        compiled = run.draft.compile.ran
+        bytecode = [pyc for pyc in bytecode_paths(_only(plan, kept), dist) if compiled]
+        # A deleted module's bytecode goes with it (a whiteout for a path the image lacks is harmless).
+        deleted = [fp.path for fp in gone] + bytecode_paths(_only(plan, gone), dist)
+        entries = target.take_layer([fp.path for fp in kept] + bytecode, deleted)
         new = {f"{dist.location}/{fp.path}" for fp in plan.files if fp.pre is None}
         new |= {f"{dist.location}/{pyc}" for pyc, old in pyc_before.items() if old is None}
         # A file is "A" when the image had none there; folders are listed as "C" (they are in
         # the layer as the image has them, owner and mode kept).
-        changes = tuple(LayerChange(kind="A" if e.path in new else "C", path=e.path) for e in entries)
+        changes = tuple(LayerChange(kind="D" if e.deleted else "A" if e.path in new else "C", path=e.path)
+                        for e in entries)
         planned = {f"{dist.location}/{fp.path}": fp.post_sha256 for fp in plan.files if fp.post is not None}
         expected = expected_layer(plan, dist)
         unexpected = tuple(c for c, e in zip(changes, entries, strict=True)
@@ -69,12 +71,16 @@ def commit_image(spec: ImageSpec, target: ImageCapable, plan: PatchPlan, patchse
         run.notes.append(f"pushed {spec.tag} as {repository}@{digest}")
 
 
+def _only(plan: PatchPlan, files: list[FilePlan]) -> PatchPlan:
+    return replace(plan, files=tuple(files))
+
+
 def expected_layer(plan: PatchPlan, dist: Distribution) -> set[str]:
     paths = {f"{dist.location}/{pyc}" for pyc in bytecode_paths(plan, dist)}
     for fp in plan.files:
         full = f"{dist.location}/{fp.path}"
         paths.add(full)
-        if fp.path.endswith(".py") and fp.post is not None:
+        if fp.path.endswith(".py"):  # its bytecode's folder: written, or holding a deletion
             folder = full.rpartition("/")[0]
             paths.add(f"{folder}/__pycache__")
         # every folder above a file is in the layer (as a commit of a container would have it)

@@ -64,7 +64,8 @@ class CommittedImage:
 class LayerEntry:
     path: str                 # absolute, inside the image
     folder: bool
-    sha256: str | None        # a file's content digest; None for a folder
+    sha256: str | None        # a file's content digest; None for a folder or a deletion
+    deleted: bool = False     # a whiteout: the layer removes this path
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -137,9 +138,10 @@ class ImageCapable(Target, Protocol):
     The pipeline checks for it once (`isinstance(target, ImageCapable)`) and hands the result
     to the image-only steps, which are typed with it."""
 
-    def take_layer(self, paths: Sequence[str]) -> tuple[LayerEntry, ...]:
+    def take_layer(self, paths: Sequence[str], deleted: Sequence[str] = ()) -> tuple[LayerEntry, ...]:
         """Take the new layer from the target as it is now: exactly the files `paths` (relative
-        to `location`) and the folders above them, with their owner, mode and bytes. `commit`
+        to `location`), a whiteout for each of `deleted`, and the folders above them, with their
+        owner, mode and bytes. `commit`
         builds the image from it; what happens in the target afterwards (the probe) cannot
         reach it."""
         ...

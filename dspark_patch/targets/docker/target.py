@@ -243,11 +243,13 @@ class ImageTarget:
         return self.container.call([python, "-B", "-c", source, *args], env=env, timeout=timeout)
 
     # --- ImageCapable ---------------------------------------------------------------------
-    def take_layer(self, paths: Sequence[str]) -> tuple[LayerEntry, ...]:
+    def take_layer(self, paths: Sequence[str], deleted: Sequence[str] = ()) -> tuple[LayerEntry, ...]:
         """The new layer, taken from the work container now: the files `paths` (relative to the
         distribution's location) and every folder above them, as a tar the image's own python
         writes (owner, mode, mtime as they are here). Only this tar reaches the image."""
         absolute = [self._absolute(p) for p in paths]
+        for path in deleted:
+            absolute += ["--delete", self._absolute(path)]
         result = self.run_python(inside_source("layer"), absolute, timeout=300)
         if result.returncode != 0:
             raise CheckFailed(f"taking the new layer from the container failed: "
@@ -319,6 +321,11 @@ def layer_entries(layer: bytes) -> tuple[LayerEntry, ...]:
     with tarfile.open(fileobj=io.BytesIO(layer), mode="r:") as tar:
         for member in tar.getmembers():
             digest = None
+            folder_name, _, base = member.name.rpartition("/")
+            if member.isfile() and base.startswith(".wh."):
+                entries.append(LayerEntry(path=f"/{folder_name.lstrip('/')}/{base[4:]}", folder=False, sha256=None,
+                                          deleted=True))
+                continue
             if member.isfile():
                 extracted = tar.extractfile(member)
                 assert extracted is not None
