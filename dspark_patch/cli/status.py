@@ -19,7 +19,8 @@ from ..status.fleet import status as run_status
 from . import common, output
 
 _err = Console(stderr=True, highlight=False, soft_wrap=True)
-_out = Console(highlight=False, soft_wrap=True)
+# Not a terminal (a CI log, a file): wide enough that image refs are not folded into slivers.
+_out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)
 
 _STATE_STYLE = {"applied": "green", "absent": "dim", "partial": "red", "drifted": "red", "not-applicable": "dim"}
 
