@@ -79,7 +79,8 @@ def _dispatch(command: Command, request: Request, single: Single, on_step: StepC
     spec = request.target
     if not isinstance(spec, ImageSpec):
         return single(request, on_step=on_step)
-    if spec.platform is None and not _may_be_index(spec.ref):
+    # Without --platform an index is looked for only where a pull may happen anyway.
+    if spec.platform is None and (spec.pull == "never" or not _may_be_index(spec.ref)):
         return single(request, on_step=on_step)
     run = RunLog.start(command, TargetReport(kind="image", ref=spec.ref), on_step)
     try:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -40,6 +41,24 @@ ATTESTATION_ANNOTATION = "vnd.docker.reference.type"
 
 class RegistryUnreachable(EnvironmentProblem):
     kind = "registry-unreachable"
+
+
+def docker_config_file() -> str:
+    """Where `docker login` keeps credentials: $DOCKER_CONFIG/config.json, else ~/.docker/config.json."""
+    folder = os.environ.get("DOCKER_CONFIG") or os.path.join(os.path.expanduser("~"), ".docker")
+    return os.path.join(folder, "config.json")
+
+
+def _has_login(config: str, host: str) -> bool:
+    """Whether the docker config can give credentials for `host` (a helper or store is trusted to)."""
+    try:
+        with open(config, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError):
+        return False
+    if data.get("credsStore") or host in (data.get("credHelpers") or {}):
+        return True
+    return bool(((data.get("auths") or {}).get(host) or {}).get("auth"))
 
 
 class RegistryRefused(EnvironmentProblem):
@@ -198,6 +217,7 @@ class Registry:
         # the /v2/ challenge says which. Asking first also fails fast on a dead registry
         # instead of oras's retries with back-off (about two minutes).
         scheme = self._challenge_scheme()
+        self._needs_login = scheme == "basic"
         self._client = oras.provider.Registry(
             hostname=host, insecure=insecure, auth_backend="basic" if scheme == "basic" else "token"
         )
@@ -217,8 +237,13 @@ class Registry:
         container = oras.container.Container(reference)
         if container.registry != self.host:
             raise BadInput(f"{reference} is not in registry {self.host}")
-        # Credentials from Docker's config.json (`docker login`), when there are any.
-        self._client.auth.load_configs(container)
+        # Credentials from Docker's config.json (`docker login`), when there are any; oras by
+        # itself reads only ~/.docker, so DOCKER_CONFIG's file is named to it.
+        config = docker_config_file()
+        if self._needs_login and not _has_login(config, self.host):
+            raise RegistryRefused(f"registry {self.host} asks for a login and {config} has none for it",
+                                  hint=f"run `docker login {self.host}` (or point DOCKER_CONFIG at a folder that has it)")
+        self._client.auth.load_configs(container, configs=[config] if os.path.exists(config) else None)
         return container
 
     def fetch(self, reference: str) -> Manifest:

@@ -9,7 +9,6 @@ login names the registry, the config file and `docker login`.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Literal
@@ -20,6 +19,7 @@ import docker.utils.config
 import requests.exceptions
 
 from ...errors import BadInput, DsparkPatchError, EnvironmentProblem, TargetNotFound
+from ...registry.index import docker_config_file
 from ..base import PullCallback, PullProgress
 
 if TYPE_CHECKING:
@@ -118,7 +118,7 @@ def registry_error(doing: str, ref: str, said: str, *, not_found_is_input: bool)
     registry, _ = docker.auth.resolve_repository_name(ref.split("@", 1)[0])
     said = said.strip()
     if _REFUSED.search(said):
-        config = docker.utils.config.find_config_file() or config_file()
+        config = docker.utils.config.find_config_file() or docker_config_file()
         stored = docker.auth.load_config().resolve_authconfig(registry)
         whose = (f"refused the credentials for it in {config}" if stored
                  else f"asks for a login and {config} has none for it")
@@ -135,9 +135,3 @@ def registry_error(doing: str, ref: str, said: str, *, not_found_is_input: bool)
 
 def _explain(exc: docker.errors.APIError) -> str:
     return str(exc.explanation or exc).strip()
-
-
-def config_file() -> str:
-    """Where `docker login` stores credentials (what the SDK reads)."""
-    folder = os.environ.get("DOCKER_CONFIG") or os.path.join(os.path.expanduser("~"), ".docker")
-    return os.path.join(folder, "config.json")
