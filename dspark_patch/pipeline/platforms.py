@@ -152,7 +152,7 @@ class _IndexRun:
         if spec.platform is None and others:
             run.notes.append(f"the index also has {', '.join(others)}; only the engine's own platform "
                              f"{chosen[0]} was {self._done()} (choose with --platform, or --platform all)")
-        writes = self.command == "apply" and not getattr(self.request, "dry_run", False)
+        writes = isinstance(self.request, ApplyRequest) and not self.request.dry_run
         if writes and spec.push and others:
             raise BadInput(
                 f"--push publishes one index with every platform of {spec.ref}, but {', '.join(others)} "
