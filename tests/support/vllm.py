@@ -32,14 +32,17 @@ def _locked(name: str):
 
 def wheel(version: str) -> Path:
     """The real vllm==VERSION wheel from the package index (downloaded once)."""
-    wheels = CACHE / "wheels"
-    with _locked(f"wheel-{version}"):
+    return _cached_wheel(version, CACHE / "wheels", f"wheel-{version}", [])
+
+
+def _cached_wheel(version: str, wheels: Path, lock: str, pip_args: list[str]) -> Path:
+    with _locked(lock):
         found = sorted(wheels.glob(f"vllm-{version}-*.whl"))
         if not found:
             wheels.mkdir(parents=True, exist_ok=True)
             subprocess.run(
                 [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
-                 "--disable-pip-version-check", f"vllm=={version}", "-d", str(wheels)],
+                 "--disable-pip-version-check", *pip_args, f"vllm=={version}", "-d", str(wheels)],
                 check=True,
             )
             found = sorted(wheels.glob(f"vllm-{version}-*.whl"))
@@ -97,16 +100,5 @@ def platform_wheel(version: str, platform: str) -> Path:
 
     Kept in a folder of its own: `wheel()` globs `wheels/vllm-VERSION-*.whl` for the host's.
     """
-    wheels = CACHE / "wheels" / platform
-    with _locked(f"wheel-{version}-{platform}"):
-        found = sorted(wheels.glob(f"vllm-{version}-*.whl"))
-        if not found:
-            wheels.mkdir(parents=True, exist_ok=True)
-            subprocess.run(
-                [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
-                 "--disable-pip-version-check", "--platform", platform, "--only-binary=:all:",
-                 f"vllm=={version}", "-d", str(wheels)],
-                check=True,
-            )
-            found = sorted(wheels.glob(f"vllm-{version}-*.whl"))
-    return found[0]
+    return _cached_wheel(version, CACHE / "wheels" / platform, f"wheel-{version}-{platform}",
+                         ["--platform", platform, "--only-binary=:all:"])
