@@ -115,17 +115,23 @@ def _index_markdown(report: AuditReport) -> str:
                   f"{'yes' if p.emulated else 'no'} | {_code(p.source_manifest)} | {_code(p.result_manifest)} |"
                   for p in report.platforms]
         lines.append("")
-    if report.steps:
-        lines += ["### Steps of the index", "", "| step | status | seconds | detail |", "|---|---|---:|---|"]
-        lines += [f"| {_cell(s.name)} | {s.status} | {s.seconds:.2f} | {_cell(s.detail)} |" for s in report.steps]
-        lines.append("")
-    if report.notes:
-        lines += ["### Notes", "", *(f"- {_cell(n)}" for n in report.notes), ""]
+    lines += _steps_and_notes(report, "### Steps of the index")
     for p in report.platforms:
         lines += [f"## Platform {_code(p.platform)}", ""]
         lines += ["#" + line if line.startswith("#") else line for line in to_markdown(p.report).splitlines()]
         lines.append("")
     return "\n".join(lines)
+
+
+def _steps_and_notes(report: AuditReport, steps_title: str) -> list[str]:
+    lines: list[str] = []
+    if report.steps:
+        lines += [steps_title, "", "| step | status | seconds | detail |", "|---|---|---:|---|"]
+        lines += [f"| {_cell(s.name)} | {s.status} | {s.seconds:.2f} | {_cell(s.detail)} |" for s in report.steps]
+        lines.append("")
+    if report.notes:
+        lines += ["### Notes", "", *(f"- {_cell(n)}" for n in report.notes), ""]
+    return lines
 
 
 def _errors(report: AuditReport) -> list[str]:
@@ -243,12 +249,6 @@ def to_markdown(report: AuditReport) -> str:
         lines += [f"| {_code(k)} | {_code(v)} |" for k, v in report.labels.items()]
         lines.append("")
 
-    if report.steps:
-        lines += ["### Steps", "", "| step | status | seconds | detail |", "|---|---|---:|---|"]
-        lines += [f"| {_cell(s.name)} | {s.status} | {s.seconds:.2f} | {_cell(s.detail)} |" for s in report.steps]
-        lines.append("")
-
-    if report.notes:
-        lines += ["### Notes", "", *(f"- {_cell(n)}" for n in report.notes), ""]
+    lines += _steps_and_notes(report, "### Steps")
 
     return "\n".join(lines)
