@@ -97,7 +97,7 @@ class _Flow:
         pristine = {fp.path: _pristine(target, fp.path) for fp in diff.files}
 
         if patchset.probe is not None:
-            self._refuse_unguarded(target, dist, patchset.probe)
+            self._refuse_unguarded(target, dist, patchset)
 
         if state is None:
             state = self._merge(patchset, variant, diff, pristine)
@@ -131,8 +131,9 @@ class _Flow:
         assert r.image is not None
         return stack.enter_context(ImageTarget(r.image, python=r.python, pull=r.pull))
 
-    def _refuse_unguarded(self, target: Target, dist: Distribution, probe: Path) -> None:
-        readers = unguarded_readers(run_probe(target, dist, probe).census)
+    def _refuse_unguarded(self, target: Target, dist: Distribution, patchset: PatchSet) -> None:
+        assert patchset.probe is not None
+        readers = unguarded_readers(run_probe(target, dist, patchset.probe, modules=patchset.probe_modules).census)
         if not readers:
             return
         self.update(status="refused", unguarded=readers)
@@ -202,7 +203,7 @@ class _Flow:
             if patchset.probe is None:
                 probed = ProbeReport(ok=True, ran=False, detail="this patch set has no probe")
             else:
-                probed = run_probe(target, dist, patchset.probe)
+                probed = run_probe(target, dist, patchset.probe, modules=patchset.probe_modules)
         self.update(probe=probed)
         if not probed.ok:
             readers = unguarded_readers(probed.census)
