@@ -194,3 +194,106 @@ def test_port_from_a_root_never_writes_the_users_tree(patch_set: Path, tmp_path:
     res.assert_clean_error(1)
     assert f"conflict: {MODEL}: hunk #1" in res.stdout
     assert {rel: sha((tree / rel).read_bytes()) for rel in (ENVS, MODEL)} == before
+
+
+# --- a port that lands at the first call (the second, small patch set) ------------------------
+
+MATH_SET = Path(__file__).parent / "data" / "patchsets" / "vllm-math-positive-divisor"
+MATH = "vllm/utils/math_utils.py"
+
+
+@pytest.fixture
+def math_set(tmp_path: Path) -> Path:
+    dest = tmp_path / "patches" / MATH_SET.name
+    shutil.copytree(MATH_SET, dest)
+    return dest
+
+
+def test_a_port_that_lands_exactly_writes_an_unreviewed_variant_at_once(math_set: Path, tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    res = port(math_set, "0.32.0", work)
+    assert res.returncode == 0, (res.stdout, res.stderr)
+    assert f"{MATH}: landed (hunk #1 offset +0, hunk #2 offset -5)" in res.stdout
+    assert "probe: passed" in res.stdout
+    ported = load_dir(math_set).variant_for("0.32.0")
+    assert ported.review == "unreviewed" and ported.ported_from == "vllm-0.33.0"
+    pristine = (vllm.python_sources("0.32.0") / MATH).read_bytes()
+    assert ported.files[MATH].pre_sha256 == sha(pristine)
+    # The written diff is the candidate exactly: planned on the pristine file at zero fuzz.
+    plan = plan_patch(parse_diff(ported.diff, strip=1), {MATH: pristine}.get)
+    assert all(p.fuzz == 0 for f in plan.files for p in f.placements)
+    assert sha(plan.files[0].post or b"") == ported.files[MATH].post_sha256 == sha((work / "files" / MATH).read_bytes())
+    assert b"raise ValueError(f\"cdiv: the divisor must be positive" in (plan.files[0].post or b"")
+    review = (work / "REVIEW.md").read_text()
+    assert "landed exactly: `vllm/utils/math_utils.py`: hunk #1 offset +0, hunk #2 offset -5" in review
+    assert "| cdiv-positive-divisor | ok |" in review and "## Interdiff: vllm-0.33.0 -> vllm-0.32.0" in review
+    assert not (math_set / ".patch.toml.before-port").exists()
+
+    # apply refuses the unreviewed variant, applies it with --allow-unreviewed and says so ...
+    tree = vllm.tree_copy("0.32.0", tmp_path / "site-packages")
+    res = run("apply", "--patch", str(math_set), "--root", str(tree), "--python", PY, "--report-dir", str(tmp_path / "r1"))
+    msg = res.assert_clean_error(2)
+    assert "variant vllm-0.32.0 is unreviewed" in msg and "--allow-unreviewed" in msg
+    assert sha((tree / MATH).read_bytes()) == sha(pristine)
+    res = run("apply", "--patch", str(math_set), "--root", str(tree), "--python", PY, "--allow-unreviewed",
+              "--json", "--report-dir", str(tmp_path / "r2"))
+    assert res.returncode == 0, res.stderr
+    assert res.json["patch"]["review"] == "unreviewed" and res.json["status"] == "applied"
+    assert any("--allow-unreviewed" in n for n in res.json["notes"])
+    assert "**unreviewed**" in (tmp_path / "r2" / "audit.md").read_text()
+
+    # ... and once a person marks it reviewed, a plain apply takes it.
+    toml = math_set / "patch.toml"
+    toml.write_text(toml.read_text().replace('review = "unreviewed"', 'review = "reviewed"'))
+    fresh = vllm.tree_copy("0.32.0", tmp_path / "site-packages-2")
+    res = run("apply", "--patch", str(math_set), "--root", str(fresh), "--python", PY, "--json",
+              "--report-dir", str(tmp_path / "r3"))
+    assert res.returncode == 0, res.stderr
+    assert res.json["patch"]["review"] == "reviewed"
+
+    # A second port to the same release has nothing to do.
+    assert "already has variant vllm-0.32.0" in port(math_set, "0.32.0", tmp_path / "w2").assert_clean_error(2)
+
+
+def test_a_candidate_that_does_not_compile_is_never_written(math_set: Path, tmp_path: Path) -> None:
+    diff = math_set / "vllm-0.33.0.patch"
+    broken = diff.read_bytes().replace(b"+    if b <= 0:\n", b"+    if b <= 0\n")
+    assert broken != diff.read_bytes()
+    diff.write_bytes(broken)
+    res = port(math_set, "0.32.0", tmp_path / "work")
+    msg = res.assert_clean_error(1)
+    assert f"{MATH} does not compile with" in msg
+    assert [v.name for v in load_dir(math_set).variants] == ["vllm-0.33.0"]
+    assert not (math_set / "vllm-0.32.0.patch").exists()
+    # The scratch tree is the pristine release again.
+    assert sha((tmp_path / "work" / "tree" / MATH).read_bytes()) == sha((vllm.python_sources("0.32.0") / MATH).read_bytes())
+
+
+@pytest.mark.docker
+def test_port_from_an_image_reads_and_probes_in_a_container_it_removes(math_set: Path, patch_set: Path,
+                                                                       tmp_path: Path) -> None:
+    import docker
+
+    from tests.support.images import fixture_032_image
+
+    client = docker.from_env()
+    source = fixture_032_image()
+    image_id = client.images.get(source).id
+
+    def ours() -> list[str]:
+        return sorted(c.id for c in client.containers.list(all=True, filters={"ancestor": image_id}))
+
+    before = ours()
+    res = run("port", "--patch", str(patch_set), "--to", "0.32.0", "--image", source, "--pull", "never",
+              "--work", str(tmp_path / "w1"))
+    res.assert_clean_error(1)
+    assert "conflict: vllm/envs.py: hunk #1" in res.stdout and f"conflict: {MODEL}: hunk #1" in res.stdout
+    assert not (tmp_path / "w1" / "tree").exists()
+    res = run("port", "--patch", str(math_set), "--to", "0.32.0", "--image", source, "--pull", "never",
+              "--work", str(tmp_path / "w2"))
+    assert res.returncode == 0, (res.stdout, res.stderr)
+    assert "probe: passed" in res.stdout
+    assert load_dir(math_set).variant_for("0.32.0").files[MATH].pre_sha256 == sha(
+        (vllm.python_sources("0.32.0") / MATH).read_bytes())
+    assert client.images.get(source).id == image_id
+    assert ours() == before

@@ -232,8 +232,8 @@ class _Flow:
             undo_variant(written)
             raise
         written["toml_before"].unlink(missing_ok=True)
-        census_path = patchset.source / f"census-{name}.json"
-        census_path.write_text(census_json(probed.census), encoding="utf-8")
+        if probed.census:
+            (patchset.source / f"census-{name}.json").write_text(census_json(probed.census), encoding="utf-8")
         offsets = [f"`{f.path}`: " + ", ".join(f"hunk #{i} offset {o:+d}" for i, o in enumerate(f.offsets, 1))
                    for f in self.report.files if f.status == "landed" and f.offsets]
         resolved = [wf.path for wf in state.files if wf.status == "conflict"]

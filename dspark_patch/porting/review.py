@@ -46,8 +46,11 @@ def render(r: ReviewInput) -> str:
     lines.append("**passed**: every case" if r.probe.ok else f"**failed**: {r.probe.detail}")
     lines += ["", "| case | result | detail |", "|---|---|---|"]
     lines += [f"| {_cell(c.name)} | {'ok' if c.ok else '**FAIL**'} | {_cell(c.detail)} |" for c in r.probe.cases]
-    lines += ["", f"## Readers of the buffer: vLLM {src} and vLLM {r.release} side by side", ""]
-    lines += _census_table(r.source_census, r.target_census, src, r.release)
+    lines += ["", f"## The probe's census: vLLM {src} and vLLM {r.release} side by side", ""]
+    if r.target_census or r.source_census:
+        lines += _census_table(r.source_census, r.target_census, src, r.release)
+    else:
+        lines.append("This patch set's probe reports no census.")
     lines += ["", f"## Interdiff: {r.source_variant} -> {r.new_variant}", "",
               "The diff of the two diffs: hunks whose changed lines differ are what the port (or the hand "
               "resolution) changed; context and line numbers differ because the releases do.", "",
