@@ -189,6 +189,8 @@ def _apply(request: ApplyRequest, target: Target, run: RunLog) -> AuditReport:
 
 def _verify(request: VerifyRequest, target: Target, run: RunLog) -> AuditReport:
     patchset, dist, variant, diff = prepare(run, target, request.patch, request.strip)
+    if not patchset.is_bare and variant.review == "unreviewed":
+        run.notes.append(f"variant {variant.name} is unreviewed: made by `dspark-patch port`, not yet marked reviewed")
     reader = CachingReader(target)
     problems: list[str] = []
 

@@ -46,10 +46,9 @@ from .requests import PortRequest
 
 
 def port(request: PortRequest) -> PortReport:
-    work = Path(request.work) if request.work else Path("dspark-patch-port") / f"{request.patch or 'patch'}-{request.release}"
     report = PortReport(status="failed", exit_code=1, patch=request.patch, source_variant=request.source_variant,
-                        release=request.release, work=str(work))
-    flow = _Flow(request, WorkDir(work), report)
+                        release=request.release, work=request.work or "")
+    flow = _Flow(request, report)
     try:
         with ExitStack() as stack:
             flow.run(stack)
@@ -61,10 +60,10 @@ def port(request: PortRequest) -> PortReport:
 
 
 class _Flow:
-    def __init__(self, request: PortRequest, work: WorkDir, report: PortReport) -> None:
+    def __init__(self, request: PortRequest, report: PortReport) -> None:
         self.request = request
-        self.work = work
         self.report = report
+        self.work = WorkDir(Path(request.work or "dspark-patch-port"))
 
     def update(self, **fields: object) -> None:
         self.report = replace(self.report, **fields)  # type: ignore[arg-type]
@@ -76,7 +75,9 @@ class _Flow:
             raise BadInput("port makes a variant of a patch set; a bare diff file has no variants to carry",
                            hint="give a patch-set id or folder (dspark-patch list)")
         variant = _source_variant(patchset, request.source_variant)
-        self.update(patch=patchset.id, source_variant=variant.name)
+        if request.work is None:  # default: one folder per patch set and release, here
+            self.work = WorkDir(Path("dspark-patch-port") / f"{patchset.id}-{request.release}")
+        self.update(patch=patchset.id, source_variant=variant.name, work=str(self.work.root))
         covered = {r: v.name for v in patchset.variants for r in v.releases}
         if request.release in covered:
             raise BadInput(f"patch set {patchset.id} already has variant {covered[request.release]} for "
