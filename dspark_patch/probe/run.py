@@ -14,6 +14,13 @@ entry first, then the modules it imports by name. `bundle` makes them one stdlib
 the modules travel compressed and are imported from memory by a finder placed first on
 `sys.meta_path`, and the entry runs as `__main__`.
 
+The DSpark probe also returns a census (`"census": [{"file", "line", "function", "symbol",
+"kind", "reached", "none_safe", "verdict"}, ...]`): every reference to the buffer, its accessor
+and the drafter helper in the installed tree. `unguarded_readers(report)` picks out those that
+make a release unsafe for the patch (reached on the DSpark V2 path and not None-safe: on
+0.31.0, the V2 runner's two `get_mtp_target_hidden_states()[:n]` sites); `dspark-patch port`
+names them from the same report, so `probe` and `port` always agree.
+
 The probe runs under the target's own interpreter (`--python` for a local tree, the image's
 python3 for an image) on CPU only, with its source passed as an argument: nothing is written
 into the target, so an image's committed layer stays exactly the patched files.
@@ -130,3 +137,9 @@ def run_probe(target: Target, dist: Distribution, probe: Path, *, modules: tuple
     else:
         detail = f"probe exited {result.returncode} with every case passing; stderr: {stderr_tail[0]}"
     return ProbeReport(ok=ok, ran=True, cases=cases, census=census, detail=detail)
+
+
+def unguarded_readers(report: ProbeReport) -> tuple[CensusEntry, ...]:
+    """The census entries on the DSpark V2 path that read the buffer without a None check,
+    in the probe's order (file:line, function, symbol, kind, and the verdict saying why)."""
+    return tuple(e for e in report.census if e.reached and not e.none_safe)

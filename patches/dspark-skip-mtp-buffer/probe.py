@@ -45,7 +45,9 @@ from probe_census import (
     Ref,
     census_case,
     dspark_mro,
+    find_consumer,
     forward_case,
+    mro_definitions,
     resolved_methods,
     run_census,
     runner_resolver,
@@ -62,12 +64,15 @@ from probe_common import (
     C_RESOLUTION,
     C_RESOLVER,
     C_RUNNER,
+    CASES,
     CONSUMER_CLASS,
     CONSUMER_METHOD,
     DECISION_FN,
+    DRAFTER_FN,
     ENVS_FILE,
     MODEL_FILE,
     PATCH_SET,
+    REPLAY_METHOD,
     SCHEMA,
     SPEC_CONFIG_CLASS,
     SPEC_CONFIG_FILE,
@@ -75,13 +80,16 @@ from probe_common import (
     CaseResult,
     Missing,
     Sources,
-    compile_function,
+    not_present,
 )
 from probe_consumers import (
+    InlineSlice,
     _pad_slot_id,
     compile_methods,
     consumer_branch_case,
+    consumer_runner,
     drafter_fallback_case,
+    drafter_helper_present,
     graph_forward_case,
     negative_control_case,
     replay_case,
@@ -140,12 +148,11 @@ def run_cases(site: Path, torch) -> tuple[list[CaseResult], list[Ref]]:
         mro = dspark_mro(sources)
     except Exception as exc:
         mro_problem = _failed(exc)
-    resolver, resolver_file = None, ""
+    resolver, resolver_file, resolver_how = None, "", ""
     try:
-        resolver, resolver_file = runner_resolver(sources)
+        resolver, resolver_file, resolver_how = runner_resolver(sources, mro)
     except Exception as exc:
         resolver_file = _failed(exc)
-
     decision = None
     try:
         decision = Decision(sources, envs)
@@ -168,8 +175,8 @@ def run_cases(site: Path, torch) -> tuple[list[CaseResult], list[Ref]]:
         cases.append(CaseResult(C_RESOLVER, False, f"{DECISION_FN} takes {AUX_RESOLVER_FN} from "
                                f"{decision.resolver_from[0]}, the runner from {resolver_file}"))
     else:
-        cases.append(CaseResult(C_RESOLVER, True, f"{AUX_RESOLVER_FN} from {resolver_file}, the "
-                               f"module {CONSUMER_CLASS}'s bases import it from"))
+        cases.append(CaseResult(C_RESOLVER, True, f"{AUX_RESOLVER_FN} from {resolver_file}, as the "
+                               f"DSpark V2 path takes it: {resolver_how}"))
     ready = decision is not None and spec_cls is not None and resolver is not None
     cases.extend(decision_cases(torch, decision if ready else None, spec_cls, methods, resolver))
     cases.append(invalid_flag_case(torch, decision if ready else None, spec_cls, methods))
@@ -178,46 +185,82 @@ def run_cases(site: Path, torch) -> tuple[list[CaseResult], list[Ref]]:
     else:
         cases.append(allocation_case(torch, sources, decision, envs, spec_cls))
 
-    # The consumers: every DSparkSpeculator method that touches target hidden states.
-    consumer = None
-    resolved: dict[str, tuple[str, str, ast.FunctionDef]] = {}
+    # The consumers: every DSparkSpeculator method that touches target hidden states, found
+    # by structure (the choice between aux states and the residual), run as DSpark runs them.
+    found, consumer, consumer_problem = None, None, ""
+    resolved: dict[str, tuple[str, str, ast.FunctionDef]] = resolved_methods(mro) if mro else {}
     if mro:
-        resolved = resolved_methods(mro)
-    if CONSUMER_METHOD in resolved:
-        rel, cname, fn_def = resolved[CONSUMER_METHOD]
-        consumer = compile_function(fn_def, {"torch": torch}, rel)
-        chain = " -> ".join(f"{c.name} ({r})" for r, c in mro[: [c.name for _r, c in mro].index(cname) + 1])
-        cases.append(CaseResult(C_RESOLUTION, True, f"{CONSUMER_CLASS}.{CONSUMER_METHOD} from {chain}"))
-    else:
-        cases.append(CaseResult(C_RESOLUTION, False, mro_problem or
+        try:
+            found = find_consumer(mro)
+            consumer = consumer_runner(torch, found)
+        except Exception as exc:
+            consumer_problem = _failed(exc)
+    prefill = None  # where the consumer is inline: does a FULL-graph step combine its rows first?
+    if found is not None and consumer is not None and found.layout == "inline":
+        ok, why = InlineSlice(found).eager_before_graph()
+        prefill = CaseResult(f"FULL-graph prefill: {found.cname}.{found.name} combines every row eagerly", ok, why)
+    why = mro_problem or consumer_problem
+    branches = {b: consumer_branch_case(torch, consumer, b, found, prefill, why)
+                for b in ("ordinary", "partial-graph-staging", "all-staged")}
+    if consumer is None or found is None:
+        cases.append(CaseResult(C_RESOLUTION, False, mro_problem or consumer_problem or
                                f"{CONSUMER_METHOD} is not defined on {CONSUMER_CLASS} or its bases"))
-    for branch in ("ordinary", "partial-graph-staging", "all-staged"):
-        cases.append(consumer_branch_case(torch, consumer, branch))
-    cases.append(negative_control_case(torch, consumer))
+    elif found.name == CONSUMER_METHOD:
+        names = [c.name for _r, c in mro]
+        chain = " -> ".join(f"{c.name} ({r})" for r, c in mro[: names.index(found.cname) + 1])
+        via = f" ({'; '.join(found.passed)})" if found.passed else ""
+        cases.append(CaseResult(C_RESOLUTION, True, f"{CONSUMER_CLASS}.{CONSUMER_METHOD} from {chain}{via}"))
+    else:
+        cases.append(not_present(C_RESOLUTION, f"no {CONSUMER_METHOD}: the choice between aux states and "
+                                 f"the residual is made {'inline in' if found.layout == 'inline' else 'in'} "
+                                 f"{found.describe()}", branches["ordinary"]))
+    cases.extend(branches.values())
+    cases.append(negative_control_case(torch, consumer, why))
     pad_slot = _pad_slot_id(sources)
-    compiled = compile_methods(torch, resolved, pad_slot) if resolved else {}
-    cases.append(replay_case(torch, compiled, pad_slot))
-    cases.append(graph_forward_case(torch, compiled, resolved, pad_slot))
-    cases.append(residual_passing_case(resolved) if resolved else
+    # The graph-replay bench calls the consumer DSpark runs (past pass-through overrides).
+    runs = {**resolved, found.name: (found.rel, found.cname, found.fn)} if found is not None else resolved
+    compiled = compile_methods(torch, runs, pad_slot) if resolved else {}
+    cases.append(replay_case(torch, compiled, pad_slot, prefill))
+    cases.append(graph_forward_case(torch, compiled, resolved, pad_slot,
+                                    inline=consumer if prefill is not None else None))
+    run_with_poison = {REPLAY_METHOD} | ({found.name} if found is not None and found.layout == "method" else set())
+    cases.append(residual_passing_case(mro_definitions(mro), found, run_with_poison) if resolved else
                  CaseResult(C_PASSES, False, mro_problem or f"{CONSUMER_CLASS} not resolved"))
-    cases.append(drafter_fallback_case(torch, sources))
 
     # The census: every reader of the buffer in the installed tree.
     refs: list[Ref] = []
+    helper = drafter_helper_present(sources)
     try:
         refs, problems = run_census(sources, {(rel, c.name) for rel, c in mro})
+        census = census_case(refs, problems)
         cases.append(forward_case(refs))
-        cases.append(runner_case(refs))
-        cases.append(census_case(refs, problems))
+        cases.append(runner_case(refs, helper))
+        cases.append(census)
     except Exception as exc:
+        census = None
         for name in (C_FORWARD, C_RUNNER, C_CENSUS):
             cases.append(CaseResult(name, False, f"census failed: {_failed(exc)}"))
+    named = any(r.symbol == DRAFTER_FN and r.kind != "definition" for r in refs)
+    cases.append(drafter_fallback_case(torch, sources, census, referenced=named))
 
     loaded = sorted(m for m in sys.modules if m == "vllm" or m.startswith("vllm."))
     cases.append(CaseResult(C_NO_VLLM, not loaded,
                            f"vllm modules imported: {loaded}" if loaded else
                            "no vllm module was imported"))
-    return cases, refs
+    return in_registered_order(cases), refs
+
+
+def in_registered_order(cases: list[CaseResult]) -> list[CaseResult]:
+    """The cases in the order the modules registered their names; a registered case nobody
+    reported, or a reported one nobody registered, fails."""
+    by_name: dict[str, CaseResult] = {}
+    for c in cases:
+        if c.name in by_name:
+            by_name[c.name] = CaseResult(c.name, False, f"reported twice: {by_name[c.name].detail} / {c.detail}")
+        else:
+            by_name[c.name] = c
+    out = [by_name.pop(n, None) or CaseResult(n, False, "registered, but no module reported it") for n in CASES]
+    return out + [CaseResult(c.name, False, f"not a registered case: {c.detail}") for c in by_name.values()]
 
 
 def main(argv: list[str] | None = None) -> int:

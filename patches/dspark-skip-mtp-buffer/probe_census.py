@@ -10,6 +10,7 @@ import ast
 
 from probe_common import (
     ACCESSOR,
+    AUX_PARAM,
     AUX_RESOLVER_FN,
     BUFFER_ATTR,
     C_CENSUS,
@@ -23,32 +24,202 @@ from probe_common import (
     MODEL_DIRS,
     MODEL_FILE,
     MODEL_WRAPPERS,
+    RESIDUAL_PARAM,
     SPEC_DECODE_PACKAGE,
     V2_PACKAGE,
+    V2_RUNNER_FILE,
     CaseResult,
     Missing,
     Sources,
     class_def,
     compile_function,
     import_map,
+    params_of,
     parents_map,
     top_level_function,
 )
 
 
-def runner_resolver(sources: Sources) -> tuple[object, str]:
-    """The layer-id resolver DSpark's speculator classes import (DFlashSpeculator.__init__
-    sizes the aux staging with it; the V2 runner's set_eagle3_aux_hidden_state_layers
-    calls the same function)."""
-    for rel, _cls in dspark_mro(sources):
-        imports = import_map(sources.module(rel), rel)
-        if AUX_RESOLVER_FN in imports:
-            module, attr = imports[AUX_RESOLVER_FN]
-            where = sources.module_file(module)
-            node = top_level_function(sources.module(where), attr) if where else None
-            if node is not None:
-                return compile_function(node, {}, where), where
-    raise Missing(f"no class in {CONSUMER_CLASS}'s bases imports {AUX_RESOLVER_FN}")
+def _resolve_function(sources: Sources, rel: str, name: str, depth: int = 0) -> tuple[str, ast.FunctionDef] | None:
+    """The top-level function `name` as module `rel` sees it: defined there, or imported."""
+    tree = sources.module(rel)
+    node = top_level_function(tree, name)
+    if node is not None:
+        return rel, node
+    imported = import_map(tree, rel).get(name)
+    where = sources.module_file(imported[0]) if imported else None
+    if imported is None or where is None or depth > 4:
+        return None
+    return _resolve_function(sources, where, imported[1], depth + 1)
+
+
+def _calls(fn: ast.AST, name: str) -> bool:
+    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == name
+               for n in ast.walk(fn))
+
+
+def resolver_sites(sources: Sources, mro) -> list[tuple[str, str]]:
+    """Where the DSpark V2 path takes its layer-id resolver from: (the defining file, how).
+
+    The V2 runner (model_runner.py) configures the target's aux layers through a function it
+    imports whose module calls AUX_RESOLVER_FN (0.31.0-0.33.0: eagle3_utils'
+    set_eagle3_aux_hidden_state_layers); where a class in DSparkSpeculator's bases imports the
+    resolver itself (0.33.0's DFlashSpeculator sizes its aux staging with it), that is a
+    second site. Every site must resolve to the same function.
+    """
+    sites: list[tuple[str, str]] = []
+    runner = sources.module(V2_RUNNER_FILE)
+    for local, (module, attr) in sorted(import_map(runner, V2_RUNNER_FILE).items()):
+        where = sources.module_file(module)
+        if where is None or not module.startswith("vllm."):
+            continue
+        found = _resolve_function(sources, where, attr)
+        if found is None:
+            continue
+        frel, fn = found
+        if attr == AUX_RESOLVER_FN:
+            sites.append((frel, f"{V2_RUNNER_FILE} imports {AUX_RESOLVER_FN} from {frel}"))
+        elif _calls(fn, AUX_RESOLVER_FN):
+            resolved = _resolve_function(sources, frel, AUX_RESOLVER_FN)
+            if resolved is not None:
+                sites.append((resolved[0], f"{V2_RUNNER_FILE} imports {local} from {frel}, "
+                              f"which calls {AUX_RESOLVER_FN} from {resolved[0]}"))
+    for rel, cls in mro:
+        if AUX_RESOLVER_FN in import_map(sources.module(rel), rel):
+            resolved = _resolve_function(sources, rel, AUX_RESOLVER_FN)
+            if resolved is not None:
+                sites.append((resolved[0], f"{cls.name} ({rel}) imports {AUX_RESOLVER_FN} from {resolved[0]}"))
+    return sites
+
+
+def runner_resolver(sources: Sources, mro) -> tuple[object, str, str]:
+    """The layer-id resolver the DSpark V2 path uses, compiled: (function, its file, how found)."""
+    sites = resolver_sites(sources, mro)
+    if not sites:
+        raise Missing(f"neither {V2_RUNNER_FILE} nor a class in {CONSUMER_CLASS}'s bases reaches {AUX_RESOLVER_FN}")
+    files = sorted({f for f, _how in sites})
+    if len(files) > 1:
+        raise Missing(f"the DSpark V2 path takes {AUX_RESOLVER_FN} from several modules: "
+                      + "; ".join(how for _f, how in sites))
+    where = files[0]
+    node = top_level_function(sources.module(where), AUX_RESOLVER_FN)
+    assert node is not None
+    return compile_function(node, {}, where), where, "; ".join(how for _f, how in sites)
+
+
+# --- DSparkSpeculator's consumer of target hidden states, found by structure ------------
+def mro_definitions(mro) -> list[tuple[str, str, ast.FunctionDef]]:
+    """Every method defined on DSparkSpeculator and its bases, in method-resolution order."""
+    return [(rel, cls.name, node) for rel, cls in mro for node in cls.body if isinstance(node, ast.FunctionDef)]
+
+
+def loaded_names(node: ast.AST) -> set[str]:
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+
+
+def choice_of(fn: ast.FunctionDef) -> ast.If | None:
+    """The statement choosing between the aux states and the residual: an `if` testing
+    AUX_PARAM whose branches use it or the residual, preferably the one with RESIDUAL_PARAM in a branch (a
+    fallback that no longer reads the residual is still the choice: the negative control
+    then fails)."""
+    found = []
+    for node in ast.walk(fn):
+        if (isinstance(node, ast.If) and AUX_PARAM in loaded_names(node.test)
+                and any({AUX_PARAM, RESIDUAL_PARAM} & loaded_names(s) for s in [*node.body, *node.orelse])):
+            found.append(node)
+    with_residual = [n for n in found if any(RESIDUAL_PARAM in loaded_names(s) for s in [*n.body, *n.orelse])]
+    return (with_residual or found or [None])[0]
+
+
+def is_super_call(call: ast.AST, name: str | None = None) -> bool:
+    """`super().NAME(...)` (or `super(Cls, self).NAME(...)`)."""
+    return (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+            and (name is None or call.func.attr == name)
+            and isinstance(call.func.value, ast.Call) and isinstance(call.func.value.func, ast.Name)
+            and call.func.value.func.id == "super")
+
+
+def calls_super(fn: ast.FunctionDef) -> bool:
+    return any(is_super_call(n, fn.name) for n in ast.walk(fn))
+
+
+def live_definitions(defs) -> list[tuple[str, str, ast.FunctionDef]]:
+    """The definitions DSpark can run: per name the first in MRO order, and the next one each
+    time a live definition calls super() for its own name."""
+    live = []
+    names = []
+    for _rel, _c, fn in defs:
+        if fn.name not in names:
+            names.append(fn.name)
+    for name in names:
+        chain = [d for d in defs if d[2].name == name]
+        for d in chain:
+            live.append(d)
+            if not calls_super(d[2]):
+                break
+    return live
+
+
+def argument_of(node: ast.AST, parents) -> ast.Call | None:
+    parent = parents.get(node)
+    if isinstance(parent, (ast.keyword, ast.Starred)):
+        parent = parents.get(parent)
+    if isinstance(parent, ast.Call) and node is not parent.func:
+        return parent
+    return None
+
+
+def passes_to_super(fn: ast.FunctionDef) -> bool:
+    """Whether `fn` uses the residual only as an argument of super().<its own name>(...), or
+    never names it and hands its arguments on to super().<its own name>(*args, **kwargs)."""
+    parents = parents_map(fn)
+    uses = [n for n in ast.walk(fn) if isinstance(n, ast.Name) and n.id == RESIDUAL_PARAM]
+    if not uses:
+        return RESIDUAL_PARAM not in params_of(fn) and calls_super(fn)
+    return all(
+        isinstance(u.ctx, ast.Load) and is_super_call(argument_of(u, parents), fn.name) for u in uses)
+
+
+# Parameters the consumer bench can supply when it calls a chooser method whole.
+BENCH_PARAMS = {"self", "num_tokens", RESIDUAL_PARAM, AUX_PARAM, "num_graph_tokens"}
+
+
+class Consumer:
+    """The method that chooses between aux states and the residual, as DSpark runs it.
+
+    layout "method": a method of its own, run whole (0.33.0: DFlashSpeculator._store_hidden_states,
+    with aux staging for FULL graphs when it takes num_graph_tokens); "inline": the choice is a
+    statement inside a larger method (0.32.0: DFlashSpeculator.propose), run as a slice.
+    """
+
+    def __init__(self, rel: str, cname: str, fn: ast.FunctionDef, passed: list[str]) -> None:
+        self.rel, self.cname, self.fn, self.passed = rel, cname, fn, passed
+        self.name = fn.name
+        self.choice = choice_of(fn)
+        args = fn.args
+        required = [a.arg for a in [*args.posonlyargs, *args.args][: len(args.posonlyargs) + len(args.args) - len(args.defaults)]]
+        required += [a.arg for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True) if d is None]
+        self.layout = "method" if set(required) <= BENCH_PARAMS else "inline"
+        self.staging = self.layout == "method" and "num_graph_tokens" in params_of(fn)
+
+    def describe(self) -> str:
+        via = "".join(f"{p} -> " for p in self.passed)
+        return f"{via}{self.cname}.{self.name} ({self.rel}:{self.fn.lineno})"
+
+
+def find_consumer(mro) -> Consumer:
+    defs = mro_definitions(mro)
+    choosers = [d for d in defs if RESIDUAL_PARAM in params_of(d[2]) and choice_of(d[2]) is not None]
+    if not choosers:
+        raise Missing(f"no method of {CONSUMER_CLASS} or its bases chooses between {AUX_PARAM} and {RESIDUAL_PARAM}")
+    name = choosers[0][2].name
+    passed: list[str] = []
+    for rel, cname, fn in [d for d in defs if d[2].name == name]:
+        if choice_of(fn) is None and passes_to_super(fn):
+            passed.append(f"{cname}.{name} (passes through)")
+            continue
+        return Consumer(rel, cname, fn, passed)
+    raise Missing(f"every {name} on {CONSUMER_CLASS}'s bases only passes {RESIDUAL_PARAM} on")
 
 
 def dspark_mro(sources: Sources) -> list[tuple[str, ast.ClassDef]]:

@@ -32,6 +32,7 @@ CONSUMER_METHOD = "_store_hidden_states"
 REPLAY_METHOD = "_prepare_graph_replay"
 GRAPH_FORWARD_METHOD = "_prepare_graph_forward"
 RESIDUAL_PARAM = "last_hidden_states"
+AUX_PARAM = "aux_hidden_states"
 # The methods run with the poison residual; any other method receiving it may only pass it on.
 CHECKED_CONSUMERS = (CONSUMER_METHOD, REPLAY_METHOD)
 DRAFTER_FILE = "vllm/v1/worker/gpu/spec_decode/utils.py"
@@ -84,38 +85,50 @@ LAYER_VARIANTS: list[tuple[str, str, dict[str, object]]] = [
 VALID_FLAGS = {"unset": None, "0": "0", "1": "1"}
 INVALID_FLAGS = ("2", "true", "", " 1")
 
-# Case names: each says the promise it guards.
-C_FLAG = f"flag: {FLAG} is registered and parses unset/0/1 as off/off/on"
-C_METHODS = "decision: driven over every speculative method the installed tree declares"
-C_IMPORTS = "decision: its imports resolve in the installed tree"
-C_RESOLVER = "decision: uses the runner's own layer-id resolver"
-C_FLAG_OFF = "decision: flag unset or 0 keeps the buffer"
-C_SKIP = "decision: flag 1 skips for V2 DSpark, PP 1, valid layer ids"
-C_DFLASH = "decision: DFlash keeps the buffer"
-C_OTHER = "decision: every method other than dspark keeps the buffer"
-C_V1 = "decision: Model Runner V1 keeps the buffer"
-C_PP = "decision: pipeline parallel size 2 keeps the buffer"
-C_BOUNDS = "decision: layer ids 1..N skip, 0, N+1 and negative keep the buffer"
-C_MALFORMED = "decision: non-int, duplicate, empty or missing layer ids keep the buffer"
-C_PREFERRED = "decision: layer ids are the ones the runner resolves (preferred key, DFlash config, V4.1)"
-C_INVALID = "decision: an invalid flag value is a startup error naming the variable"
-C_ALLOC = "allocation: skips with one INFO line, allocates for flag off, MTP and PP 2"
-C_RESOLUTION = f"consumer: {CONSUMER_METHOD} resolves through {CONSUMER_CLASS}'s bases"
-C_BRANCH = {
+# Case names: each says the promise it guards. `case` registers each name, in the order the
+# probe reports them; a registered case that no module reports fails ("not reported").
+CASES: list[str] = []
+
+
+def case(name: str) -> str:
+    assert name not in CASES, name
+    CASES.append(name)
+    return name
+
+
+C_FLAG = case(f"flag: {FLAG} is registered and parses unset/0/1 as off/off/on")
+C_METHODS = case("decision: driven over every speculative method the installed tree declares")
+C_IMPORTS = case("decision: its imports resolve in the installed tree")
+C_RESOLVER = case("decision: uses the runner's own layer-id resolver")
+C_FLAG_OFF = case("decision: flag unset or 0 keeps the buffer")
+C_SKIP = case("decision: flag 1 skips for V2 DSpark, PP 1, valid layer ids")
+C_DFLASH = case("decision: DFlash keeps the buffer")
+C_OTHER = case("decision: every method other than dspark keeps the buffer")
+C_V1 = case("decision: Model Runner V1 keeps the buffer")
+C_PP = case("decision: pipeline parallel size 2 keeps the buffer")
+C_BOUNDS = case("decision: layer ids 1..N skip, 0, N+1 and negative keep the buffer")
+C_MALFORMED = case("decision: non-int, duplicate, empty or missing layer ids keep the buffer")
+C_PREFERRED = case("decision: layer ids are the ones the runner resolves (preferred key, DFlash config, V4.1)")
+C_INVALID = case("decision: an invalid flag value is a startup error naming the variable")
+C_ALLOC = case("allocation: skips with one INFO line, allocates for flag off, MTP and PP 2")
+C_RESOLUTION = case(f"consumer: {CONSUMER_METHOD} resolves through {CONSUMER_CLASS}'s bases")
+C_BRANCH = {  # registered below, in this order
     "ordinary": "consumer: an eager step combines the aux states, never reads the residual",
     "partial-graph-staging":
         "consumer: partial FULL-graph staging stages and combines aux states, never reads the residual",
     "all-staged": "consumer: an all-staged step only stages aux states, never reads the residual",
 }
-C_NEGATIVE = "consumer: without aux states it reads the residual (the poison is live)"
-C_REPLAY = f"graph replay: {REPLAY_METHOD} never reads the residual"
-C_CAPTURE = f"graph capture: {GRAPH_FORWARD_METHOD} combines the staged aux states"
-C_PASSES = f"speculator: every DSpark method receiving {RESIDUAL_PARAM} only hands it to the checked consumers"
-C_DRAFTER = f"drafter: {DRAFTER_FN} falls back to the regular hidden states without the buffer"
-C_FORWARD = f"forward: copies into {BUFFER_ATTR} only when it is allocated"
-C_RUNNER = f"runner: the V2 runner feeds the drafter only through {DRAFTER_FN}"
-C_CENSUS = f"census: no unguarded reader of {BUFFER_ATTR} on the DSpark V2 path"
-C_NO_VLLM = "probe: never imports vllm"
+for _branch_case in C_BRANCH.values():
+    case(_branch_case)
+C_NEGATIVE = case("consumer: without aux states it reads the residual (the poison is live)")
+C_REPLAY = case(f"graph replay: {REPLAY_METHOD} never reads the residual")
+C_CAPTURE = case(f"graph capture: {GRAPH_FORWARD_METHOD} combines the staged aux states")
+C_PASSES = case(f"speculator: every DSpark method receiving {RESIDUAL_PARAM} only hands it to the checked consumers")
+C_DRAFTER = case(f"drafter: {DRAFTER_FN} falls back to the regular hidden states without the buffer")
+C_FORWARD = case(f"forward: copies into {BUFFER_ATTR} only when it is allocated")
+C_RUNNER = case(f"runner: the V2 runner feeds the drafter only through {DRAFTER_FN}")
+C_CENSUS = case(f"census: no unguarded reader of {BUFFER_ATTR} on the DSpark V2 path")
+C_NO_VLLM = case("probe: never imports vllm")
 
 class CaseResult:
     def __init__(self, name: str, ok: bool, detail: str) -> None:
@@ -123,6 +136,19 @@ class CaseResult:
 
     def as_json(self) -> dict[str, object]:
         return {"name": self.name, "ok": self.ok, "detail": self.detail}
+
+
+NOT_PRESENT = "not present in this release"
+
+
+def not_present(name: str, what: str, carrier: CaseResult | None) -> CaseResult:
+    """A case whose subject this release lacks: it says so, and passes only if the case (or
+    check) carrying the claim in its place passes. Nothing passes silently."""
+    if carrier is None:
+        return CaseResult(name, False, f"{NOT_PRESENT}: {what}; nothing carries the claim in its place")
+    verdict = "passes" if carrier.ok else "FAILS"
+    return CaseResult(name, carrier.ok, f"{NOT_PRESENT}: {what}; the claim is carried by "
+                      f"'{carrier.name}', which {verdict}: {carrier.detail}")
 
 
 class Missing(Exception):

@@ -4,14 +4,21 @@ from __future__ import annotations
 
 import ast
 
+from probe_census import (
+    Consumer,
+    argument_of,
+    is_super_call,
+    live_definitions,
+    loaded_names,
+)
 from probe_common import (
+    AUX_PARAM,
     C_BRANCH,
     C_CAPTURE,
     C_DRAFTER,
     C_NEGATIVE,
     C_PASSES,
     C_REPLAY,
-    CHECKED_CONSUMERS,
     CONSUMER_CLASS,
     CONSUMER_METHOD,
     DRAFTER_FILE,
@@ -25,6 +32,7 @@ from probe_common import (
     Sources,
     compile_function,
     module_defines,
+    not_present,
     params_of,
     parents_map,
     top_level_function,
@@ -99,10 +107,122 @@ def _untouched(torch, t) -> bool:
     return bool(torch.all(t == SENTINEL)) if t.numel() else True
 
 
-def consumer_branch_case(torch, consumer, branch: str) -> CaseResult:
+# --- running the consumer: whole (a method of its own) or its choice as a slice ---------
+GRAPH_NAMES = ("run_fullgraph", "_precompute_context_kv", "precompute_and_store_context_kv", REPLAY_METHOD)
+
+
+def _is_self_hidden(node: ast.AST) -> bool:
+    while isinstance(node, ast.Subscript):
+        node = node.value
+    return (isinstance(node, ast.Attribute) and node.attr == "hidden_states"
+            and isinstance(node.value, ast.Name) and node.value.id == "self")
+
+
+def _stores_hidden(stmt: ast.AST) -> bool:
+    for node in ast.walk(stmt):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "copy_" and _is_self_hidden(node.func.value)):
+            return True
+        if isinstance(node, (ast.Assign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Subscript) and _is_self_hidden(t) for t in targets):
+                return True
+    return False
+
+
+def _assigned(stmts) -> set[str]:
+    return {n.id for s in stmts for n in ast.walk(s) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+
+
+class InlineSlice:
+    """The top-level statements of an inline consumer that make the choice and store its
+    result into self.hidden_states, with the earlier assignments they need."""
+
+    def __init__(self, consumer: Consumer) -> None:
+        import builtins
+
+        fn, choice = consumer.fn, consumer.choice
+        if choice is None:
+            raise Missing(f"{consumer.describe()} makes no choice between {AUX_PARAM} and {RESIDUAL_PARAM}")
+        body = fn.body
+        top = next(i for i, stmt in enumerate(body) if any(n is choice for n in ast.walk(stmt)))
+        self.unconditional = body[top] is choice
+        end = next((j for j in range(top, len(body)) if _stores_hidden(body[j])), None)
+        if end is None:
+            raise Missing(f"{consumer.describe()}: nothing after the choice (line {choice.lineno}) "
+                          "stores into self.hidden_states")
+        chosen = list(range(top, end + 1))
+        params = params_of(fn) | {a.arg for a in (fn.args.vararg, fn.args.kwarg) if a is not None}
+        free = set().union(*(loaded_names(body[i]) for i in chosen)) - _assigned(body[i] for i in chosen)
+        needed = free - params - {"torch"} - set(dir(builtins))
+        for i in range(top - 1, -1, -1):
+            stmt = body[i]
+            if isinstance(stmt, (ast.Assign, ast.AnnAssign)) and _assigned([stmt]) & needed:
+                chosen.insert(0, i)
+                needed = (needed - _assigned([stmt])) | (loaded_names(stmt) - params - {"torch"} - set(dir(builtins)))
+        if needed:
+            raise Missing(f"{consumer.describe()}: the choice needs {sorted(needed)}, which the probe cannot model")
+        self.indices, self.top, self.end, self.consumer = chosen, top, end, consumer
+        # Every graph replay and context-K/V store in the method comes after the stored rows.
+        graph = [(i, n.attr if isinstance(n, ast.Attribute) else n.id) for i, stmt in enumerate(body)
+                 for n in ast.walk(stmt)
+                 if (isinstance(n, ast.Attribute) and n.attr in GRAPH_NAMES)]
+        self.graph_before = [f"line {body[i].lineno} ({name})" for i, name in graph if i <= end]
+        self.graph_after = sorted({body[i].lineno for i, _name in graph if i > end})
+
+    def eager_before_graph(self) -> tuple[bool, str]:
+        c = self.consumer
+        where = f"{c.cname}.{c.name}"
+        if not self.unconditional:
+            return False, (f"the choice (line {c.choice.lineno}) is inside a branch of {where}: "
+                           "a FULL-graph step may skip it and replay stale rows")
+        if self.graph_before:
+            return False, (f"{where} replays or stores context before its rows are combined: "
+                           + ", ".join(self.graph_before))
+        return True, (f"{where} combines every row at line {c.choice.lineno} unconditionally, before "
+                      f"each graph replay and context-K/V store (lines {', '.join(map(str, self.graph_after))})")
+
+    def compile(self, torch):
+        fn = ast.parse(ast.unparse(self.consumer.fn)).body[0]
+        assert isinstance(fn, ast.FunctionDef)
+        fn.body = [fn.body[i] for i in self.indices]
+        return compile_function(fn, {"torch": torch}, self.consumer.rel)
+
+
+def consumer_runner(torch, consumer: Consumer):
+    """A callable (owner, num_tokens, residual, aux, num_graph_tokens) running the consumer."""
+    c = consumer
+    if c.layout == "method":
+        fn = compile_function(c.fn, {"torch": torch}, c.rel)
+        names = [a.arg for a in [*c.fn.args.posonlyargs, *c.fn.args.args, *c.fn.args.kwonlyargs]][1:]
+
+        def run_method(owner, n, residual, aux, graph_tokens):
+            values = {"num_tokens": n, RESIDUAL_PARAM: residual, AUX_PARAM: aux, "num_graph_tokens": graph_tokens}
+            return fn(owner, **{k: values[k] for k in names if k in values})
+
+        return run_method
+    part = InlineSlice(c)
+    fn = part.compile(torch)
+    names = [a.arg for a in [*c.fn.args.posonlyargs, *c.fn.args.args, *c.fn.args.kwonlyargs]][1:]
+
+    def run_inline(owner, n, residual, aux, graph_tokens):
+        batch = Obj(num_reqs=3, num_tokens=n, seq_lens_cpu_upper_bound=torch.full((4,), 8, dtype=torch.int32))
+        values = {"input_batch": batch, RESIDUAL_PARAM: residual, AUX_PARAM: aux, "dummy_run": False}
+        return fn(owner, **{k: values.get(k) for k in names})
+
+    return run_inline
+
+
+def consumer_branch_case(torch, consumer, branch: str, found: Consumer | None = None,
+                         carrier: CaseResult | None = None, problem: str = "") -> CaseResult:
+    """`consumer`: the runner (see consumer_runner); `found`: what it runs; `problem`: why
+    there is none."""
     name = C_BRANCH[branch]
     if consumer is None:
-        return CaseResult(name, False, f"{CONSUMER_CLASS}.{CONSUMER_METHOD} not resolved")
+        return CaseResult(name, False, problem or f"{CONSUMER_CLASS}.{CONSUMER_METHOD} not resolved")
+    if branch != "ordinary" and found is not None and not found.staging:
+        return not_present(name, f"{found.describe()} takes no num_graph_tokens: this release "
+                           "stages no aux states for a FULL graph", carrier)
     n = 11
     graph_tokens = {"ordinary": 0, "partial-graph-staging": 4, "all-staged": 14}[branch]
     bench = ConsumerBench(torch, consumer, staging=branch != "ordinary")
@@ -146,10 +266,10 @@ def consumer_branch_case(torch, consumer, branch: str) -> CaseResult:
                      "poison residual was never read")
 
 
-def negative_control_case(torch, consumer) -> CaseResult:
+def negative_control_case(torch, consumer, problem: str = "") -> CaseResult:
     name = C_NEGATIVE
     if consumer is None:
-        return CaseResult(name, False, f"{CONSUMER_CLASS}.{CONSUMER_METHOD} not resolved")
+        return CaseResult(name, False, problem or f"{CONSUMER_CLASS}.{CONSUMER_METHOD} not resolved")
     tripped: list[str] = []
     for aux in (None, []):
         bench = ConsumerBench(torch, consumer, staging=False)
@@ -178,8 +298,21 @@ def negative_control_case(torch, consumer) -> CaseResult:
                      f"poison trips ({'; '.join(tripped)})")
 
 
-def drafter_fallback_case(torch, sources: Sources) -> CaseResult:
+def drafter_helper_present(sources: Sources) -> bool:
+    """Whether the release has the drafter helper (0.32.0 and 0.33.0 do; 0.31.0 does not)."""
+    try:
+        return top_level_function(sources.module(DRAFTER_FILE), DRAFTER_FN) is not None
+    except Missing:
+        return False
+
+
+def drafter_fallback_case(torch, sources: Sources, carrier: CaseResult | None = None, referenced: bool = True) -> CaseResult:
+    """`carrier`: the census case, which carries the claim where the release has no helper;
+    `referenced`: whether anything in the tree names the helper (then it must be there)."""
     name = C_DRAFTER
+    if not drafter_helper_present(sources) and not referenced:
+        return not_present(name, f"no {DRAFTER_FN} in {DRAFTER_FILE}: the runner reads the accessor "
+                           "itself (see the runner case)", carrier)
     try:
         fn_def = top_level_function(sources.module(DRAFTER_FILE), DRAFTER_FN)
         if fn_def is None:
@@ -212,38 +345,46 @@ def drafter_fallback_case(torch, sources: Sources) -> CaseResult:
 
 # --- cases: the rest of DSparkSpeculator ----------------------------------------------
 
-def residual_passing_case(methods) -> CaseResult:
-    """Every method that receives the residual (the drafter's last_hidden_states) either is
-    a consumer run with the poison, or only passes it to one."""
+def residual_passing_case(defs, consumer: Consumer | None, run_with_poison: set[str]) -> CaseResult:
+    """Every live method that receives the residual (the drafter's last_hidden_states) is run
+    with the poison (`run_with_poison`: the consumer when it is a method of its own, the graph
+    replay preparation), or is the inline consumer using it only in its choice's fallback, or
+    only passes it to another receiver (self.M(...) or super().M(...))."""
     name = C_PASSES
     problems, receivers = [], []
-    for mname, (rel, cname, fn) in sorted(methods.items()):
+    live = live_definitions(defs)
+    receiving = {fn.name for _r, _c, fn in live if RESIDUAL_PARAM in params_of(fn)}
+    for rel, cname, fn in live:
         if RESIDUAL_PARAM not in params_of(fn):
             continue
+        mname = fn.name
         receivers.append(f"{cname}.{mname}")
-        if mname in CHECKED_CONSUMERS:
+        if mname in run_with_poison and (consumer is None or consumer.fn is not fn or consumer.layout == "method"):
             continue
+        inline_choice = consumer.choice if consumer is not None and consumer.fn is fn else None
         parents = parents_map(fn)
         for node in ast.walk(fn):
             if not (isinstance(node, ast.Name) and node.id == RESIDUAL_PARAM):
                 continue
-            parent = parents.get(node)
-            if isinstance(parent, ast.keyword):
-                parent = parents.get(parent)
-            ok = (isinstance(node.ctx, ast.Load) and isinstance(parent, ast.Call)
-                  and node is not parent.func
-                  and isinstance(parent.func, ast.Attribute)
-                  and isinstance(parent.func.value, ast.Name) and parent.func.value.id == "self"
-                  and parent.func.attr in CHECKED_CONSUMERS)
+            if inline_choice is not None and any(node is n for s in inline_choice.orelse for n in ast.walk(s)):
+                continue  # the choice's fallback: run by the consumer cases (and the negative control)
+            call = argument_of(node, parents)
+            ok = (isinstance(node.ctx, ast.Load) and call is not None and isinstance(call.func, ast.Attribute)
+                  and call.func.attr in receiving
+                  and ((isinstance(call.func.value, ast.Name) and call.func.value.id == "self")
+                       or is_super_call(call)))
             if not ok:
                 problems.append(f"{rel}:{node.lineno} {cname}.{mname} uses {RESIDUAL_PARAM} "
-                                f"other than by passing it to {' or '.join(CHECKED_CONSUMERS)}")
+                                f"other than by passing it to {' or '.join(sorted(receiving - {mname}) or ['a checked consumer'])}")
     if not receivers:
         return CaseResult(name, False, f"no method of {CONSUMER_CLASS} receives {RESIDUAL_PARAM}")
     if problems:
         return CaseResult(name, False, "; ".join(problems))
+    checked = sorted(run_with_poison & receiving)
+    if consumer is not None and consumer.layout == "inline":
+        checked.append(f"{consumer.name} (its choice, run as a slice)")
     return CaseResult(name, True, f"{', '.join(receivers)} receive the residual; all but "
-                     f"{', '.join(CHECKED_CONSUMERS)} only pass it on")
+                     f"{', '.join(checked)} only pass it on")
 
 
 class SpeculatorBench:
@@ -310,9 +451,12 @@ def compile_methods(torch, methods, pad_slot: int) -> dict[str, object]:
                         "_num_graph_context_tokens", "prepare_context_anchor")}
 
 
-def replay_case(torch, compiled, pad_slot: int) -> CaseResult:
+def replay_case(torch, compiled, pad_slot: int, carrier: CaseResult | None = None) -> CaseResult:
     name = C_REPLAY
     if REPLAY_METHOD not in compiled:
+        if carrier is not None:
+            return not_present(name, f"{CONSUMER_CLASS} and its bases define no {REPLAY_METHOD}: "
+                               "nothing stages rows for a FULL replay", carrier)
         return CaseResult(name, False, f"{CONSUMER_CLASS}.{REPLAY_METHOD} not resolved")
     done = []
     for n, dummy in ((11, False), (14, False), (11, True)):
@@ -342,14 +486,26 @@ def replay_case(torch, compiled, pad_slot: int) -> CaseResult:
     return CaseResult(name, True, "; ".join(done) + "; the poison residual was never read")
 
 
-def graph_forward_case(torch, compiled, methods, pad_slot: int) -> CaseResult:
+def graph_forward_case(torch, compiled, methods, pad_slot: int, inline=None) -> CaseResult:
+    """`inline`: the runner of an inline consumer (no aux staging): the graph's context step
+    must then store the rows that consumer combined eagerly."""
     name = C_CAPTURE
-    if GRAPH_FORWARD_METHOD not in compiled or REPLAY_METHOD not in compiled:
+    if GRAPH_FORWARD_METHOD not in compiled and inline is not None and "capture" in methods:
+        # 0.31.0: capture hands the graph manager a context step of its own.
+        rel, cname, fn = methods["capture"]
+        safe = RESIDUAL_PARAM not in params_of(fn) and RESIDUAL_PARAM not in loaded_names(fn)
+        carrier = CaseResult(f"graph capture: {cname}.capture ({rel}) never names {RESIDUAL_PARAM}", safe,
+                             "its context step stores rows from self.hidden_states, which the consumer fills "
+                             "eagerly from the aux states" if safe else f"{cname}.capture uses {RESIDUAL_PARAM}")
+        return not_present(name, f"{CONSUMER_CLASS} and its bases define no {GRAPH_FORWARD_METHOD}", carrier)
+    if GRAPH_FORWARD_METHOD not in compiled or (REPLAY_METHOD not in compiled and inline is None):
         return CaseResult(name, False, f"{CONSUMER_CLASS}.{GRAPH_FORWARD_METHOD} not resolved")
     rel, cname, fn = methods[GRAPH_FORWARD_METHOD]
-    if RESIDUAL_PARAM in params_of(fn):
+    if RESIDUAL_PARAM in params_of(fn) or RESIDUAL_PARAM in loaded_names(fn):
         return CaseResult(name, False, f"{cname}.{GRAPH_FORWARD_METHOD} ({rel}) receives "
                          f"{RESIDUAL_PARAM}: the captured graph would read the residual")
+    if inline is not None:
+        return _graph_forward_inline(torch, compiled, pad_slot, inline, f"{cname}.{GRAPH_FORWARD_METHOD} ({rel})")
     bench = SpeculatorBench(torch, compiled, pad_slot)
     poison = make_poison(torch, bench.max_tokens, bench.draft_hidden, [])
     try:
@@ -366,3 +522,28 @@ def graph_forward_case(torch, compiled, methods, pad_slot: int) -> CaseResult:
                      "fills the graph's context rows from the staged aux states (11 rows match)")
 
 # --- census: every reference to the buffer, its accessor and the drafter helper ------
+
+
+def _graph_forward_inline(torch, compiled, pad_slot: int, runner, where: str) -> CaseResult:
+    name = C_CAPTURE
+    bench = SpeculatorBench(torch, compiled, pad_slot)
+    reads: list[str] = []
+    poison = make_poison(torch, bench.max_tokens, bench.draft_hidden, reads)
+    try:
+        runner(bench.spec, 11, poison, bench.aux, 0)
+        getattr(bench.spec, GRAPH_FORWARD_METHOD)(3, None)
+    except Exception as exc:
+        return CaseResult(name, False, f"raised {type(exc).__name__}: {exc}")
+    if reads:
+        return CaseResult(name, False, f"the residual was read ({reads})")
+    num_context = bench.spec._num_graph_context_tokens(3)
+    want = bench.reference(0, 11) @ bench.weight
+    if not torch.allclose(bench.spec.hidden_states[:11], want, rtol=1e-5, atol=1e-5):
+        return CaseResult(name, False, "the rows the graph's context step stores are not the aux states "
+                          "through the draft projection")
+    if (0, num_context) not in bench.precomputed:
+        return CaseResult(name, False, f"{where} did not store the graph's {num_context} context rows "
+                          f"(stored {bench.precomputed})")
+    return CaseResult(name, True, f"no aux staging in this release: {where} takes no residual and stores "
+                      f"context rows 0..{num_context} from self.hidden_states, which the consumer filled "
+                      "eagerly from the aux states (11 rows match)")
