@@ -124,9 +124,6 @@ def test_a_second_call_with_markers_left_refuses_and_names_them(patch_set: Path,
     assert unchanged(patch_set)
 
 
-# Until the probe reads 0.32.0's own layout (issue 18, the probe branch), 19 of its cases fail on
-# this correct port, so port rightly writes nothing; strict: this fails once the probe passes.
-@pytest.mark.xfail(strict=True, reason="needs the release-generic probe (branch probe) to pass on 0.32.0")
 def test_after_the_hand_resolution_the_second_call_writes_an_unreviewed_variant_whose_probe_passes(
         patch_set: Path, tmp_path: Path) -> None:
     work = tmp_path / "work"

@@ -22,8 +22,6 @@ from tests.support.images import fixture_032_image
 
 PY = sys.executable
 VARIANT = resolve("dspark-skip-mtp-buffer").variant_for("0.32.0")
-PROBE_PENDING = pytest.mark.xfail(
-    strict=True, reason="needs the release-generic probe (branch probe): 19 cases fail on a correct 0.32.0 port")
 
 
 def sha(path: Path) -> str:
@@ -65,7 +63,6 @@ def test_applies_with_zero_fuzz_verifies_and_status_says_applied_without_the_pro
     _apply_and_verify(tree, tmp_path, "--no-probe")
 
 
-@PROBE_PENDING
 def test_applies_verifies_and_probes_on_a_real_tree(tree: Path, tmp_path: Path) -> None:
     _apply_and_verify(tree, tmp_path)
 

@@ -38,7 +38,7 @@ from ..porting.merge import FileMerge, leftover_markers, merge_file
 from ..porting.source import tree_from_root, tree_from_wheel
 from ..porting.variant import CandidateFile, make_diff, sha256, toml_table, undo_variant, write_variant
 from ..porting.workdir import WorkDir, WorkFile, WorkState
-from ..probe.run import run_probe
+from ..probe.run import run_probe, unguarded_readers
 from ..report.model import CensusEntry, ErrorReport, ProbeReport
 from ..report.port_model import PortFileReport, PortFileStatus, PortReport
 from ..targets.base import Distribution, Target
@@ -134,7 +134,7 @@ class _Flow:
 
     def _refuse_unguarded(self, target: Target, dist: Distribution, patchset: PatchSet) -> None:
         assert patchset.probe is not None
-        readers = unguarded_readers(run_probe(target, dist, patchset.probe, modules=patchset.probe_modules).census)
+        readers = unguarded_readers(run_probe(target, dist, patchset.probe, modules=patchset.probe_modules))
         if not readers:
             return
         self.update(status="refused", unguarded=readers)
@@ -207,7 +207,7 @@ class _Flow:
                 probed = run_probe(target, dist, patchset.probe, modules=patchset.probe_modules)
         self.update(probe=probed)
         if not probed.ok:
-            readers = unguarded_readers(probed.census)
+            readers = unguarded_readers(probed)
             self.update(unguarded=readers)
             raise ProbeFailed(f"the patch set's probe fails on {dist.name} {dist.version} with the candidate applied: "
                               f"{probed.detail}" + ("; unguarded: " + "; ".join(map(reader_line, readers)) if readers else ""),
@@ -250,11 +250,6 @@ class _Flow:
 
 
 # --- helpers --------------------------------------------------------------------------------
-
-def unguarded_readers(census: tuple[CensusEntry, ...]) -> tuple[CensusEntry, ...]:
-    """Census entries on the DSpark V2 path that read the buffer without a None check."""
-    return tuple(e for e in census if e.reached and not e.none_safe)
-
 
 def reader_line(e: CensusEntry) -> str:
     return f"{e.file}:{e.line} {e.function} ({e.symbol}, {e.kind})"

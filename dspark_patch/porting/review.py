@@ -40,7 +40,7 @@ def render(r: ReviewInput) -> str:
         "## What landed and what was resolved by hand",
         "",
     ]
-    lines += [f"- landed exactly: {o}" for o in r.offsets] or ["- no hunk landed without a hand resolution"]
+    lines += [f"- landed exactly: {o}" for o in r.offsets] or ["- no file landed without a hand resolution"]
     lines += [f"- resolved by hand: `{p}`: read its part of the interdiff line by line" for p in r.resolved]
     lines += ["", "## Probe verdict on the target with the candidate applied", ""]
     lines.append("**passed**: every case" if r.probe.ok else f"**failed**: {r.probe.detail}")
