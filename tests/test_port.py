@@ -141,6 +141,9 @@ def test_after_the_hand_resolution_the_second_call_writes_an_unreviewed_variant_
     assert "## Interdiff: vllm-0.33.0 -> vllm-0.32.0" in review and "**passed**" in review
     assert "vLLM 0.33.0 | vLLM 0.32.0" in review
     assert (patch_set / "vllm-0.32.0.review.md").read_text() == review
+    # The shipped review file is this one plus the reviewer's notes; the census beside it is this run's.
+    assert (SHIPPED.source / "vllm-0.32.0.review.md").read_text().startswith(review)
+    assert (patch_set / "census-vllm-0.32.0.json").read_text() == (SHIPPED.source / "census-vllm-0.32.0.json").read_text()
     # An unreviewed variant is refused by apply (exit 2) unless --allow-unreviewed.
     tree = vllm.tree_copy("0.32.0", tmp_path / "site-packages")
     res = run("apply", "--patch", str(patch_set), "--root", str(tree), "--python", PY, "--report-dir", str(tmp_path / "r1"))
@@ -294,3 +297,14 @@ def test_port_from_an_image_reads_and_probes_in_a_container_it_removes(math_set:
         (vllm.python_sources("0.32.0") / MATH).read_bytes())
     assert client.images.get(source).id == image_id
     assert ours() == before
+
+
+def test_a_second_call_on_other_release_files_is_refused(patch_set: Path, tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    port(patch_set, "0.32.0", work).assert_clean_error(1)
+    tree = vllm.tree_copy("0.32.0", tmp_path / "site-packages")
+    vllm.replace_file(tree / ENVS, (tree / ENVS).read_bytes() + b"# changed by hand\n")
+    res = run("port", "--patch", str(patch_set), "--to", "0.32.0", "--root", str(tree), "--python", PY,
+              "--work", str(work))
+    assert "vllm/envs.py of the given tree" in res.assert_clean_error(2)
+    assert unchanged(patch_set)

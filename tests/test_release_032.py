@@ -65,6 +65,9 @@ def test_applies_with_zero_fuzz_verifies_and_status_says_applied_without_the_pro
 
 def test_applies_verifies_and_probes_on_a_real_tree(tree: Path, tmp_path: Path) -> None:
     _apply_and_verify(tree, tmp_path)
+    res = run("probe", "--root", str(tree), "--python", PY, "--json", "--report-dir", str(tmp_path / "probe"))
+    assert res.returncode == 0, res.stderr
+    assert res.json["probe"]["ok"] and res.json["probe"]["cases"]
 
 
 @pytest.mark.docker
@@ -74,16 +77,16 @@ def test_applies_with_zero_fuzz_to_the_real_0_32_0_image_and_verifies(tmp_path: 
     source_id = client.images.get(source).id
     tag = f"dspark-patch/test-result:port032-{uuid.uuid4().hex[:8]}"
     try:
-        res = run("apply", "--image", source, "--pull", "never", "--tag", tag, "--no-probe", "--json",
+        res = run("apply", "--image", source, "--pull", "never", "--tag", tag, "--json",
                   "--report-dir", str(tmp_path / "apply"))
         assert res.returncode == 0, (res.stdout[-2000:], res.stderr)
         audit = res.json
-        assert audit["target"]["distribution"]["version"] == "0.32.0"
+        assert audit["target"]["distribution"]["version"] == "0.32.0" and audit["probe"]["ok"]
         assert all(h["fuzz"] == 0 for f in audit["files"] for h in f["hunks"])
         assert {f["path"]: f["post_sha256"] for f in audit["files"]} == {
             p: h.post_sha256 for p, h in VARIANT.files.items()}
         assert client.images.get(source).id == source_id
-        res = run("verify", "--image", tag, "--pull", "never", "--no-probe", "--report-dir", str(tmp_path / "verify"))
+        res = run("verify", "--image", tag, "--pull", "never", "--report-dir", str(tmp_path / "verify"))
         assert res.returncode == 0, (res.stdout[-2000:], res.stderr)
         res = run("verify", "--image", source, "--pull", "never", "--no-probe", "--report-dir", str(tmp_path / "v0"))
         assert res.returncode == 1 and "unpatched (it is the pre-image)" in res.stderr
