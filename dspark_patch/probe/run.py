@@ -141,5 +141,8 @@ def run_probe(target: Target, dist: Distribution, probe: Path, *, modules: tuple
 
 def unguarded_readers(report: ProbeReport) -> tuple[CensusEntry, ...]:
     """The census entries on the DSpark V2 path that read the buffer without a None check,
-    in the probe's order (file:line, function, symbol, kind, and the verdict saying why)."""
+    in the probe's order (file:line, function, symbol, kind, and the verdict saying why).
+
+    For a tree: `run_probe(target, dist, patchset.probe, modules=patchset.probe_modules)`, then
+    this on its report; empty when the probe found none (or reported no census)."""
     return tuple(e for e in report.census if e.reached and not e.none_safe)

@@ -1,35 +1,38 @@
-"""Consumer CPU probe for the dspark-skip-mtp-buffer patch set (standalone: stdlib + torch).
+"""Consumer CPU probe for the dspark-skip-mtp-buffer patch set (stdlib + torch): the entry.
 
 Run by the target's own interpreter, never importing vLLM (images may lack its GPU
 libraries):
 
-    PYTHON -B probe.py --site SITE_PACKAGES_DIR [--json]
-    PYTHON -B -c "<this source>" --site SITE_PACKAGES_DIR
+    PYTHON -B probe.py --site SITE_PACKAGES_DIR [--json]     (from this folder)
+    PYTHON -B -c "<bundle>" --site SITE_PACKAGES_DIR          (dspark_patch.probe.run.bundle)
 
-It carries the claim "nothing on the DSpark Model Runner V2 path reads _mtp_hidden_buffer
-when the patch leaves it unallocated" from the *installed* sources alone (no hashes):
+The probe is split by idea into the probe_* modules next to it (patch.toml lists them after
+this entry); the runner bundles them into the one source it sends. It carries the claim
+"nothing on the DSpark Model Runner V2 path reads _mtp_hidden_buffer when the patch leaves it
+unallocated" from the *installed* sources alone (no hashes), reading each release's own
+structure rather than 0.33.0's method names:
 
-- census: every reference to the buffer, its accessor and the drafter helper in the whole
-  installed vllm tree, found by AST, each with a verdict: reached on the DSpark V2 path or
-  not, None-safe (guarded, passed on by an accessor, or through the helper's fallback) or
-  not. An unguarded reader on the path fails the probe, named by file:line;
-- the decision: the patched function driven with the tree's own layer-id resolver and
-  SpeculativeConfig methods, over every speculative method the tree declares, V1/V2,
-  PP 1/2, the flag unset/0/1/invalid and layer ids at and beyond their bounds; its own
-  imports must resolve in the tree;
-- the allocation site in DeepseekV4Model.__init__ (skip + one INFO line, or allocate);
-- every consumer of target hidden states on DSparkSpeculator (resolved through its bases
-  in the installed files): _store_hidden_states in its branches, graph-replay preparation
-  and the FULL graph's context step, run with a poison residual that fails on any read;
-  every other method receiving the residual may only hand it to those;
-- get_drafter_hidden_states falling back to the regular hidden states without the buffer.
+- probe_census: every reference to the buffer, its accessor and the drafter helper in the
+  whole installed vllm tree, found by AST, each with a verdict (reached on the DSpark V2 path
+  or not, None-safe or not; an unguarded reader on the path fails, named by file:line); the
+  consumer that chooses between aux states and the residual (a method of its own in 0.33.0,
+  inline in propose in 0.32.0); the layer-id resolver the V2 runner reaches;
+- probe_decision: the patched function driven with that resolver and the tree's own
+  SpeculativeConfig methods, over every speculative method the tree declares, V1/V2, PP 1/2,
+  the flag unset/0/1/invalid and layer ids at and beyond their bounds;
+- probe_allocation: the allocation site in DeepseekV4Model.__init__;
+- probe_consumers: the consumer, graph-replay preparation and the FULL graph's context step
+  run with a poison residual that fails on any read; every other method receiving the
+  residual may only hand it on; the drafter helper's fallback;
+- probe_runner: the V2 runner's call sites that feed the drafter.
 
-Each case is named after the promise it guards. Stdout: one JSON object
+Each case is registered by name (probe_common.case) and named after the promise it guards;
+where a release lacks what a case checks, the case says "not present in this release" and
+passes only if the case carrying the claim instead passes. Stdout: one JSON object
 {"schema", "ok", "cases": [{"name", "ok", "detail"}], "census": [...]}.
 Exit 0 all cases pass, 1 any case failed, 2 bad usage, 3 torch not importable. Writes
 nothing to disk and does not rely on __file__.
 """
-
 from __future__ import annotations
 
 import argparse
