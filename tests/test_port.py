@@ -308,3 +308,15 @@ def test_a_second_call_on_other_release_files_is_refused(patch_set: Path, tmp_pa
               "--work", str(work))
     assert "vllm/envs.py of the given tree" in res.assert_clean_error(2)
     assert unchanged(patch_set)
+
+
+def test_json_names_the_refusal_for_machines(patch_set: Path, tmp_path: Path) -> None:
+    import json
+
+    res = port(patch_set, "0.31.0", tmp_path / "work", "--json")
+    assert res.returncode == 1
+    doc = json.loads(res.stdout)
+    assert doc["status"] == "refused" and doc["error"]["kind"] == "port-refused" and doc["variant"] is None
+    assert [(e["file"], e["line"], e["function"]) for e in doc["unguarded"]] == [
+        ("vllm/v1/worker/gpu/model_runner.py", 905, "GPUModelRunner._dummy_run"),
+        ("vllm/v1/worker/gpu/model_runner.py", 2196, "GPUModelRunner.sample_tokens")]

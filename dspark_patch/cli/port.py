@@ -29,6 +29,7 @@ def port(
     work: Annotated[Path | None, typer.Option("--work", help="The work folder (default ./dspark-patch-port/ID-RELEASE); run the same command again after resolving conflicts there.")] = None,
     python: common.PythonOpt = None,
     pull: common.PullOpt = "missing",
+    as_json: Annotated[bool, typer.Option("--json", help="Print what the port did as JSON on stdout and nothing else.")] = False,
 ) -> None:
     """Make a candidate variant of a patch set for another release: an exact three-way merge
     (never fuzz), conflicts left for a person, then compile and probe checks; the variant is
@@ -39,7 +40,14 @@ def port(
         work=None if work is None else str(work),
     )
     report = run_port(request)
-    _render(report)
+    if as_json:
+        from ..serialise import dumps
+
+        output.print_json(dumps(report))
+    else:
+        _render(report)
+    if report.error is not None:
+        output.error_line_text(report.error.message + (f" ({report.error.hint})" if report.error.hint else ""))
     raise typer.Exit(report.exit_code)
 
 
@@ -59,5 +67,3 @@ def _render(report: PortReport) -> None:
     if report.variant:
         print(f"  wrote variant {report.variant} (review = \"unreviewed\"): {report.diff_path}", file=out)
         print(f"  review file: {report.review_path}", file=out)
-    if report.error is not None:
-        output.error_line_text(report.error.message + (f" ({report.error.hint})" if report.error.hint else ""))
