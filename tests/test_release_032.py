@@ -90,6 +90,10 @@ def test_applies_with_zero_fuzz_to_the_real_0_32_0_image_and_verifies(tmp_path: 
         assert res.returncode == 0, (res.stdout[-2000:], res.stderr)
         res = run("verify", "--image", source, "--pull", "never", "--no-probe", "--report-dir", str(tmp_path / "v0"))
         assert res.returncode == 1 and "unpatched (it is the pre-image)" in res.stderr
+        res = run("status", "--image", tag, "--image", source, "--pull", "never", "--json")
+        assert res.returncode == 0, (res.stdout[-2000:], res.stderr)
+        states = {i["ref"]: (i["release"], i["patch_sets"]["dspark-skip-mtp-buffer"]) for i in res.json["images"]}
+        assert states == {tag: ("0.32.0", "applied"), source: ("0.32.0", "absent")}
     finally:
         try:
             client.images.remove(tag, force=True)
