@@ -225,6 +225,10 @@ def twice(tmp_path_factory):
             images.append((reg.fetch(f"{host}/dup/app:{name}"), AMD64))
         body = compose_index(media_type=DOCKER_LIST, images=images)
         pushed = reg.push(f"{host}/dup/app:twice", body, DOCKER_LIST)
+        # the same first image, its size in the index one byte off (the registry stores it)
+        wrong = json.loads(compose_index(media_type=DOCKER_LIST, images=images[:1]))
+        wrong["manifests"][0]["size"] += 1
+        reg.push(f"{host}/dup/app:wrong-size", json.dumps(wrong).encode(), DOCKER_LIST)
         try:
             yield host, f"{host}/dup/app:twice", pushed.digest, [m.digest for m, _ in images]
         finally:
@@ -280,6 +284,16 @@ def test_status_reports_an_index_with_one_platform_twice_as_an_error_row(twice, 
     assert row["exit_code"] == 2 and row["patch_sets"] == {}
     assert "lists linux/amd64 twice" in row["error"]
     assert digests[0] in row["error"] and digests[1] in row["error"]
+    assert _engine_names(host) == []
+
+
+@pytest.mark.docker
+def test_an_index_whose_size_disagrees_with_the_manifest_is_refused_before_the_pull(twice, tmp_path):
+    host, _, _, digests = twice
+    res = run("verify", "--image", f"{host}/dup/app:wrong-size", "--platform", "linux/amd64",
+              "--report-dir", str(tmp_path / "r"))
+    line = res.assert_clean_error(2)
+    assert f"but {digests[0]} is" in line and "bytes" in line
     assert _engine_names(host) == []
 
 
