@@ -19,7 +19,7 @@ from functools import partial
 from typing import TYPE_CHECKING, TypeVar
 
 from ..errors import BadInput, DsparkPatchError, TagExists, TargetNotFound
-from ..registry.index import ImageIndex, Registry
+from ..registry.index import BadManifest, ImageIndex, Registry, check_before_pull, registry_host
 from ..registry.platform import Platform, select
 from ..report.model import AuditReport, Command, ErrorReport, ImageRef, IndexReport, PlatformReport, Status, TargetReport
 from ..targets.base import PullCallback
@@ -49,22 +49,25 @@ def probe(request: ProbeRequest, *, on_step: StepCallback | None = None,
     return _dispatch("probe", request, partial(commands.probe, on_pull=on_pull), on_step)
 
 
+# A Docker tag is at most 128 characters ([A-Za-z0-9_][A-Za-z0-9_.-]{0,127}).
+TAG_LIMIT = 128
+
+
 def platform_tag(tag: str, platform: Platform) -> str:
     """`reg/repo:1.0` + linux/arm64/v8 -> `reg/repo:1.0-linux-arm64-v8`: where each patched
-    platform image is tagged (and pushed) before the index that lists them."""
+    platform image is tagged (and pushed) before the index that lists them.
+
+    Injective: platform parts are `[a-z0-9]+` (refused otherwise, `Platform.tag_suffix`), so
+    the `-` between them cannot come from inside one; `linux/arm64/v8` is `-linux-arm64-v8`
+    and `linux/arm64-v8` is refused, never the same tag."""
     repository, sep, name = tag.rpartition(":")
     if not sep or "/" in name:
         repository, name = tag, "latest"
-    return f"{repository}:{name}-{str(platform).replace('/', '-')}"
-
-
-def registry_host(ref: str) -> str | None:
-    """The registry a reference names (`127.0.0.1:5000/repo:tag` -> `127.0.0.1:5000`), or None
-    for a short Docker Hub name, whose first component is not a host."""
-    first, sep, _ = ref.partition("/")
-    if sep and ("." in first or ":" in first or first == "localhost"):
-        return first
-    return None
+    result = f"{name}-{platform.tag_suffix}"
+    if len(result) > TAG_LIMIT:
+        raise BadInput(f"the {platform} image's tag {result!r} is longer than a tag may be ({TAG_LIMIT})",
+                       hint="choose a shorter --tag")
+    return f"{repository}:{result}"
 
 
 def repository_of(ref: str) -> str:
@@ -81,10 +84,13 @@ def _dispatch(command: Command, request: Request, single: Single, on_step: StepC
         return single(request, on_step=on_step)
     # Without --platform an index is looked for only where a pull may happen anyway.
     if spec.platform is None and (spec.pull == "never" or not _may_be_index(spec.ref)):
-        return single(request, on_step=on_step)
+        refused = _refuse_bad_index(command, spec, on_step)
+        return refused or single(request, on_step=on_step)
     run = RunLog.start(command, TargetReport(kind="image", ref=spec.ref), on_step)
     try:
         index = _fetch_index(spec, run)
+    except BadManifest as exc:  # a hostile index is refused, never handed to the engine's pull
+        return run.report("failed", exc)
     except DsparkPatchError as exc:
         if spec.platform is None:  # not an index after all (or no registry): the image flow says why
             return single(request, on_step=on_step)
@@ -108,6 +114,27 @@ def _may_be_index(ref: str) -> bool:
         return not DockerEngine().tag_exists(ref)
     except DsparkPatchError:
         return False  # no engine: the image flow reports that
+
+
+def _refuse_bad_index(command: Command, spec: ImageSpec, on_step: StepCallback | None) -> AuditReport | None:
+    """Where the single-image flow's engine will pull `spec.ref` from a registry (a digest, or
+    --pull always), a malformed index, or one listing a platform twice, is refused first: the
+    engine would silently take one of its entries."""
+    if spec.pull == "never" or registry_host(spec.ref) is None:
+        return None
+    if spec.pull == "missing":
+        try:
+            from ..targets.docker import DockerEngine
+
+            if DockerEngine().tag_exists(spec.ref):
+                return None
+        except DsparkPatchError:
+            return None  # no engine: the image flow reports that
+    try:
+        check_before_pull(spec.ref)
+    except BadManifest as exc:
+        return RunLog.start(command, TargetReport(kind="image", ref=spec.ref), on_step).report("failed", exc)
+    return None
 
 
 def _fetch_index(spec: ImageSpec, run: RunLog) -> ImageIndex | None:
@@ -160,6 +187,8 @@ class _IndexRun:
                 hint="add --platform all",
             )
         tags = {p: platform_tag(spec.tag, p) for p in chosen} if spec.tag and writes else {}
+        if len(set(tags.values())) != len(tags):  # cannot happen with plain platform parts; never tag twice
+            raise BadInput(f"two platforms of {spec.ref} would get the same tag: {sorted(tags.values())}")
         for tag in tags.values():
             refuse_existing_tag(engine, tag, force=spec.force)
         if tags and spec.push and spec.tag:
@@ -206,6 +235,11 @@ class _IndexRun:
         sub_run = RunLog.start(self.command, TargetReport(kind="image", ref=ref), self._prefixed(platform))
         try:
             with sub_run.step("pull"):
+                # The manifest the index names is read first: it must be an image manifest of
+                # the size the index says (the engine checks only the digest).
+                host = registry_host(self.spec.ref)
+                assert host is not None  # an index was read from it
+                Registry(host).fetch_platform(self.index, platform)
                 # By digest, so the engine gets exactly the manifest the index names, and for the
                 # platform, so it does not refuse an image of another architecture.
                 engine.ensure_image(ref, pull="missing", platform=str(platform))

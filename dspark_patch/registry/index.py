@@ -5,42 +5,70 @@ plus, from BuildKit, attestation manifests marked `unknown/unknown` that are not
 A patched index must list exactly the source's platforms, in the source's order, with each
 platform field as the source wrote it (os.version, variant, features...) and the source's
 annotations; only the digests and sizes change. `republish` builds it that way from the source
-descriptors, so nothing has to be re-checked field by field.
+descriptors and reads the result back (`check_republished`) before it can be pushed.
 
 Manifests are kept as the bytes the registry served: a digest is the sha256 of those bytes, and
-re-serialising JSON would change it. HTTP, credentials (Docker's config.json; basic or token
-auth) and retries are oras-py's (`oras.provider.Registry`); this module only chooses requests.
+re-serialising JSON would change it. What a served body must be is `manifest.py`'s (strict,
+pure). HTTP and credentials (Docker's config.json; basic or token auth) are oras-py's
+(`oras.provider.Registry` and its session); this module chooses the requests and bounds them:
+a timeout on each, one attempt (no minutes of back-off), a body of at most 4 MiB.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import tempfile
+import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
+import oras.auth
 import oras.container
 import oras.provider
 import requests
+import requests.adapters
 
-from dspark_patch.errors import BadInput, EnvironmentProblem, TargetNotFound
+from dspark_patch.errors import BadInput, CheckFailed, DsparkPatchError, EnvironmentProblem, TargetNotFound
+from dspark_patch.registry.manifest import (
+    ACCEPT,
+    ATTESTATION_ANNOTATION,
+    DOCKER_LIST,
+    DOCKER_MANIFEST,
+    IMAGE_TYPES,
+    INDEX_TYPES,
+    MANIFEST_LIMIT,
+    OCI_INDEX,
+    OCI_MANIFEST,
+    BadManifest,
+    Entry,
+    ImageIndex,
+    Manifest,
+    digest_of,
+    load_object,
+    media_type_of,
+    parse_index,
+)
 from dspark_patch.registry.platform import Platform
 
-OCI_INDEX = "application/vnd.oci.image.index.v1+json"
-OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
-DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
-DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
-INDEX_TYPES = frozenset({OCI_INDEX, DOCKER_LIST})
-ACCEPT = (OCI_INDEX, DOCKER_LIST, OCI_MANIFEST, DOCKER_MANIFEST)
-# What BuildKit writes on the descriptor of an attestation (SBOM, provenance) manifest.
-ATTESTATION_ANNOTATION = "vnd.docker.reference.type"
+# A config or attestation blob read back through `fetch_blob`: bounded like a manifest, larger.
+BLOB_LIMIT = 64 << 20
+# The longest one answer may take in all: a registry that drips bytes under the read timeout
+# must not hold a run for hours.
+ANSWER_DEADLINE_S = 120.0
 
 
 class RegistryUnreachable(EnvironmentProblem):
     kind = "registry-unreachable"
+
+
+def registry_host(ref: str) -> str | None:
+    """The registry a reference names (`127.0.0.1:5000/repo:tag` -> `127.0.0.1:5000`), or None
+    for a short Docker Hub name, whose first component is not a host."""
+    first, sep, _ = ref.partition("/")
+    if sep and ("." in first or ":" in first or first == "localhost"):
+        return first
+    return None
 
 
 def docker_config_file() -> str:
@@ -56,6 +84,8 @@ def _has_login(config: str, host: str) -> bool:
             data = json.load(fh)
     except (OSError, ValueError):
         return False
+    if not isinstance(data, dict):
+        return False
     if data.get("credsStore") or host in (data.get("credHelpers") or {}):
         return True
     return bool(((data.get("auths") or {}).get(host) or {}).get("auth"))
@@ -65,90 +95,6 @@ class RegistryRefused(EnvironmentProblem):
     """The registry answered, but refused: credentials, permissions, or a rejected manifest."""
 
     kind = "registry-refused"
-
-
-@dataclass(frozen=True, kw_only=True)
-class Manifest:
-    """One manifest or index exactly as the registry served it."""
-
-    reference: str
-    media_type: str
-    digest: str
-    body: bytes
-
-    @property
-    def is_index(self) -> bool:
-        return self.media_type in INDEX_TYPES
-
-    def document(self) -> dict[str, Any]:
-        loaded = json.loads(self.body)
-        if not isinstance(loaded, dict):
-            raise BadInput(f"{self.reference} is not a manifest (its JSON is not an object)")
-        return loaded
-
-
-@dataclass(frozen=True, kw_only=True)
-class Entry:
-    """One descriptor of an index, with the source's own JSON for it (`raw`) kept whole."""
-
-    digest: str
-    media_type: str
-    size: int
-    platform: Platform | None
-    raw: Mapping[str, Any] = field(repr=False)
-
-    @property
-    def is_attestation(self) -> bool:
-        annotations = self.raw.get("annotations") or {}
-        if annotations.get(ATTESTATION_ANNOTATION) == "attestation-manifest":
-            return True
-        return self.platform is None or (self.platform.os, self.platform.architecture) == (
-            "unknown",
-            "unknown",
-        )
-
-
-@dataclass(frozen=True, kw_only=True)
-class ImageIndex:
-    manifest: Manifest
-    entries: tuple[Entry, ...]
-    annotations: Mapping[str, str]
-
-    @property
-    def images(self) -> tuple[Entry, ...]:
-        """The platform images, in index order; attestations are not platforms."""
-        return tuple(e for e in self.entries if not e.is_attestation)
-
-    @property
-    def platforms(self) -> tuple[Platform, ...]:
-        return tuple(e.platform for e in self.images if e.platform is not None)
-
-    def entry_for(self, platform: Platform) -> Entry:
-        for entry in self.images:
-            if entry.platform == platform:
-                return entry
-        raise BadInput(f"{self.manifest.reference} has no {platform} image")
-
-
-def parse_index(manifest: Manifest) -> ImageIndex:
-    if not manifest.is_index:
-        raise BadInput(f"{manifest.reference} is a single-platform image, not an index")
-    document = manifest.document()
-    entries = []
-    for raw in document.get("manifests") or []:
-        platform = raw.get("platform")
-        entries.append(
-            Entry(
-                digest=str(raw["digest"]),
-                media_type=str(raw.get("mediaType", "")),
-                size=int(raw["size"]),
-                platform=Platform.from_descriptor(platform) if isinstance(platform, dict) else None,
-                raw=raw,
-            )
-        )
-    return ImageIndex(
-        manifest=manifest, entries=tuple(entries), annotations=document.get("annotations") or {}
-    )
 
 
 def compose_index(
@@ -177,7 +123,8 @@ def republish(source: ImageIndex, patched: Mapping[Platform, Manifest]) -> bytes
     wrote it except digest, size and media type; the source's annotations; no attestations
     (they describe the unpatched images, so carrying them would be a false statement).
 
-    Every platform must have its patched manifest: nothing is published half patched.
+    Every platform must have its patched manifest: nothing is published half patched. The
+    result is read back (`check_republished`) before anyone can push it.
     """
     missing = [str(e.platform) for e in source.images if e.platform not in patched]
     if missing:
@@ -191,11 +138,70 @@ def republish(source: ImageIndex, patched: Mapping[Platform, Manifest]) -> bytes
         manifests.append(descriptor)
     document = {k: v for k, v in source.manifest.document().items() if k != "manifests"}
     document["manifests"] = manifests
-    return json.dumps(document, indent=2).encode() + b"\n"
+    body = json.dumps(document, indent=2).encode() + b"\n"
+    check_republished(source, patched, body)
+    return body
 
 
-def digest_of(body: bytes) -> str:
-    return "sha256:" + hashlib.sha256(body).hexdigest()
+def check_republished(source: ImageIndex, patched: Mapping[Platform, Manifest], body: bytes) -> None:
+    """`body` lists exactly one patched image for each of the source's platform entries, in the
+    source's order, and two different source images never share one patched image."""
+    new = parse_index(Manifest(reference="the new index", media_type=source.manifest.media_type,
+                               digest=digest_of(body), body=body))
+    problems = []
+    if len(new.entries) != len(source.images) or len(new.images) != len(source.images):
+        problems.append(f"it lists {len(new.entries)} entries for {len(source.images)} platform images")
+    for old, entry in zip(source.images, new.images, strict=False):
+        assert old.platform is not None
+        want = patched[old.platform]
+        if entry.platform != old.platform or entry.digest != want.digest or entry.size != len(want.body):
+            problems.append(f"{old.platform} is listed as {entry.platform} {entry.digest}, not {want.digest}")
+    pairs = list(zip(source.images, new.images, strict=False))
+    for i, (old_a, new_a) in enumerate(pairs):
+        for old_b, new_b in pairs[i + 1:]:
+            if old_a.digest != old_b.digest and new_a.digest == new_b.digest:
+                problems.append(f"{old_a.platform} and {old_b.platform} would both be {new_a.digest}")
+    if problems:
+        raise CheckFailed("the new index does not list one patched image per source image: " + "; ".join(problems),
+                          hint="nothing was pushed under the index tag; report this as a bug")
+
+
+def check_before_pull(ref: str) -> None:
+    """Before the engine pulls `ref` from a registry: if it names an index, that index must be
+    well formed and list no platform twice (the engine would take one of the two silently).
+
+    Only the index's own faults are raised (`BadManifest`); a registry this cannot reach or
+    read is left for the engine's pull to report. A Docker Hub short name names no host here."""
+    host = registry_host(ref)
+    if host is None:
+        return
+    try:
+        Registry(host).fetch_index(ref)
+    except BadManifest:
+        raise
+    except DsparkPatchError:
+        return
+
+
+class _Timeouts(requests.adapters.HTTPAdapter):
+    """Every request of the session gets a connect and read timeout unless it names one: oras'
+    client sets none, and a registry that accepts the connection and never answers would hold
+    the run for ever. The session's token requests go through it too."""
+
+    def __init__(self, timeout_s: float) -> None:
+        super().__init__()
+        self._timeout_s = timeout_s
+
+    def send(self, request: requests.PreparedRequest, **kwargs: Any) -> requests.Response:  # type: ignore[override]
+        if kwargs.get("timeout") is None:
+            kwargs["timeout"] = self._timeout_s
+        return super().send(request, **kwargs)
+
+
+# oras' `do_request` retries any failure five times with back-off (about two minutes). The
+# function under its retry decorator does one request (and the auth challenge's retry), which
+# is what a gate wants: a registry that fails is reported at once, exit 3.
+_ONE_REQUEST = getattr(oras.provider.Registry.do_request, "__wrapped__", oras.provider.Registry.do_request)
 
 
 class Registry:
@@ -203,6 +209,9 @@ class Registry:
 
     Loopback registries are spoken to over plain HTTP, as the Docker engine does for
     127.0.0.0/8 without being told; any other host needs TLS unless `insecure` says otherwise.
+    Every request has a timeout (`timeout_s`, connect and each read) and an answer is read for
+    at most `ANSWER_DEADLINE_S`; a manifest body is read up to `MANIFEST_LIMIT` bytes and one
+    byte more is a `BadManifest` (exit 2), as is a body that is not a manifest.
     """
 
     def __init__(self, host: str, *, insecure: bool | None = None, timeout_s: float = 10) -> None:
@@ -214,27 +223,33 @@ class Registry:
         self._prefix = "http" if insecure else "https"
         self._timeout_s = timeout_s
         # Basic-auth registries (htpasswd) and token registries need different oras backends;
-        # the /v2/ challenge says which. Asking first also fails fast on a dead registry
-        # instead of oras's retries with back-off (about two minutes).
+        # the /v2/ challenge says which. Asking first also fails fast on a dead registry.
         scheme = self._challenge_scheme()
         self._needs_login = scheme == "basic"
         self._client = oras.provider.Registry(
             hostname=host, insecure=insecure, auth_backend="basic" if scheme == "basic" else "token"
         )
+        adapter = _Timeouts(timeout_s)
+        self._client.session.mount("http://", adapter)
+        self._client.session.mount("https://", adapter)
 
     def _challenge_scheme(self) -> str:
         try:
-            answer = requests.get(f"{self._prefix}://{self.host}/v2/", timeout=self._timeout_s)
+            # stream=True and closed unread: only the status and the header are wanted.
+            with requests.get(f"{self._prefix}://{self.host}/v2/", timeout=self._timeout_s, stream=True) as answer:
+                challenge = answer.headers.get("Www-Authenticate", "")
         except requests.RequestException as exc:
             raise RegistryUnreachable(
                 f"registry {self.host} does not answer ({type(exc).__name__})",
                 hint="check the host and port, and that the registry is running",
             ) from None
-        challenge = answer.headers.get("Www-Authenticate", "")
         return challenge.split(" ", 1)[0].lower()
 
     def _container(self, reference: str) -> oras.container.Container:
-        container = oras.container.Container(reference)
+        try:
+            container = oras.container.Container(reference)
+        except ValueError as exc:
+            raise BadInput(f"{reference!r} is not an image reference ({exc})") from None
         if container.registry != self.host:
             raise BadInput(f"{reference} is not in registry {self.host}")
         # Credentials from Docker's config.json (`docker login`), when there are any; oras by
@@ -246,23 +261,61 @@ class Registry:
         self._client.auth.load_configs(container, configs=[config] if os.path.exists(config) else None)
         return container
 
+    def _request(self, url: str, method: str, doing: str, *, limit: int, headers: dict[str, str],
+                 data: bytes | None = None) -> tuple[requests.Response, bytes]:
+        """One request through oras' client (its auth, its session), the answer read whole but
+        bounded: at most `limit` bytes and `ANSWER_DEADLINE_S` seconds."""
+        try:
+            answer = _ONE_REQUEST(self._client, url, method, data=data, headers=headers, stream=True)
+        except requests.RequestException as exc:
+            raise RegistryUnreachable(f"registry {self.host} did not answer {doing} ({type(exc).__name__})",
+                                      hint="check that the registry is running and reachable") from None
+        except (ValueError, oras.auth.AuthenticationException) as exc:  # oras: an auth challenge it cannot meet
+            raise RegistryRefused(f"{self.host} refused {doing}: {exc}",
+                                  hint=f"log in with `docker login {self.host}`") from None
+        with answer:
+            return answer, self._read(answer, doing, limit)
+
+    def _read(self, answer: requests.Response, doing: str, limit: int) -> bytes:
+        declared = answer.headers.get("Content-Length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise BadManifest(f"{self.host} answered {doing} with {int(declared)} bytes, more than the "
+                              f"{limit >> 20} MiB this tool reads", hint="check what was pushed under that name")
+        deadline = time.monotonic() + ANSWER_DEADLINE_S
+        chunks, total = [], 0
+        try:
+            for chunk in answer.iter_content(64 << 10):
+                total += len(chunk)
+                if total > limit:
+                    raise BadManifest(f"{self.host} answered {doing} with more than the {limit >> 20} MiB "
+                                      "this tool reads", hint="check what was pushed under that name")
+                if time.monotonic() > deadline:
+                    raise RegistryUnreachable(f"registry {self.host} took over {ANSWER_DEADLINE_S:.0f} s "
+                                              f"to answer {doing}", hint="check the registry and the network")
+                chunks.append(chunk)
+        except requests.RequestException as exc:
+            raise RegistryUnreachable(f"registry {self.host} broke off its answer to {doing} ({type(exc).__name__})",
+                                      hint="check that the registry is running and reachable") from None
+        return b"".join(chunks)
+
     def fetch(self, reference: str) -> Manifest:
         """The manifest or index `reference` (a tag or @digest) names, as served."""
         container = self._container(reference)
         url = f"{self._prefix}://{container.manifest_url()}"
-        answer = self._client.do_request(url, "GET", headers={"Accept": ", ".join(ACCEPT)})
+        doing = f"reading {reference}"
+        answer, body = self._request(url, "GET", doing, limit=MANIFEST_LIMIT,
+                                     headers={"Accept": ", ".join(ACCEPT)})
         if answer.status_code == 404:
             raise TargetNotFound(f"{reference} is not in the registry", hint="check the name and tag")
-        self._check(answer, f"reading {reference}")
-        body = answer.content
+        self._check(answer, body, doing)
         digest = digest_of(body)
         served = answer.headers.get("Docker-Content-Digest")
         if served and served != digest:
             raise RegistryRefused(f"{reference}: the registry says {served} but the bytes are {digest}")
         if container.digest and container.digest != digest:
             raise RegistryRefused(f"{reference}: asked for {container.digest}, got {digest}")
-        media_type = answer.headers.get("Content-Type", "").split(";")[0].strip()
-        media_type = json.loads(body).get("mediaType", media_type)
+        header_type = answer.headers.get("Content-Type", "").split(";")[0].strip()
+        media_type = media_type_of(load_object(body, reference), header_type, reference)
         return Manifest(reference=reference, media_type=media_type, digest=digest, body=body)
 
     def fetch_index(self, reference: str) -> ImageIndex | None:
@@ -271,17 +324,28 @@ class Registry:
         return parse_index(manifest) if manifest.is_index else None
 
     def fetch_platform(self, index: ImageIndex, platform: Platform) -> Manifest:
-        """One platform's image manifest, fetched by the digest the index names."""
+        """One platform's image manifest, fetched by the digest the index names; its size and
+        media type must be what the index says."""
         entry = index.entry_for(platform)
         repository = _repo(index.manifest.reference.split("@")[0])
-        return self.fetch(f"{repository}@{entry.digest}")
+        manifest = self.fetch(f"{repository}@{entry.digest}")
+        if len(manifest.body) != entry.size or manifest.media_type != entry.media_type:
+            raise BadManifest(
+                f"{index.manifest.reference} lists {platform} as {entry.media_type}, {entry.size} bytes, "
+                f"but {entry.digest} is {manifest.media_type}, {len(manifest.body)} bytes",
+                hint="check what was pushed under that name")
+        if manifest.media_type not in IMAGE_TYPES:
+            raise BadManifest(f"{index.manifest.reference}: {platform} ({entry.digest}) is not an image manifest")
+        return manifest
 
     def push(self, reference: str, body: bytes, media_type: str) -> Manifest:
         """Put a manifest or index under `reference` (a tag); returns it with its digest."""
         container = self._container(reference)
         url = f"{self._prefix}://{container.manifest_url()}"
-        answer = self._client.do_request(url, "PUT", data=body, headers={"Content-Type": media_type})
-        self._check(answer, f"pushing {reference}")
+        doing = f"pushing {reference}"
+        answer, said = self._request(url, "PUT", doing, limit=MANIFEST_LIMIT, data=body,
+                                     headers={"Content-Type": media_type})
+        self._check(answer, said, doing)
         digest = digest_of(body)
         served = answer.headers.get("Docker-Content-Digest")
         if served and served != digest:
@@ -291,11 +355,13 @@ class Registry:
     def fetch_blob(self, reference: str, digest: str) -> bytes:
         """A blob (an image config, say) of the repository `reference` is in, checked by digest."""
         container = self._container(_repo(reference.split("@")[0]))
-        answer = self._client.get_blob(container, digest)
-        self._check(answer, f"reading {digest} of {reference}")
-        if digest_of(answer.content) != digest:
+        url = f"{self._prefix}://{container.get_blob_url(digest)}"
+        doing = f"reading {digest} of {reference}"
+        answer, body = self._request(url, "GET", doing, limit=BLOB_LIMIT, headers={})
+        self._check(answer, body, doing)
+        if digest_of(body) != digest:
             raise RegistryRefused(f"{reference}: blob {digest} does not match its digest")
-        return answer.content
+        return body
 
     def push_blob(self, repository: str, blob: bytes) -> str:
         """Upload a small blob (a config, an attestation statement); returns its digest."""
@@ -304,23 +370,36 @@ class Registry:
         with tempfile.NamedTemporaryFile() as fh:  # oras uploads from a path
             fh.write(blob)
             fh.flush()
-            answer = self._client.upload_blob(
-                fh.name, container, {"digest": digest, "size": len(blob)}
-            )
-        self._check(answer, f"uploading a blob to {repository}")
+            try:
+                answer = self._client.upload_blob(
+                    fh.name, container, {"digest": digest, "size": len(blob)}
+                )
+            except (requests.RequestException, ValueError) as exc:
+                raise RegistryUnreachable(f"uploading a blob to {repository} failed ({type(exc).__name__})",
+                                          hint="check that the registry is running and reachable") from None
+        self._check(answer, (answer.content or b"")[:200], f"uploading a blob to {repository}")
         return digest
 
-    def _check(self, answer: requests.Response, doing: str) -> None:
+    def _check(self, answer: requests.Response, body: bytes, doing: str) -> None:
         if answer.status_code in (401, 403):
             raise RegistryRefused(
                 f"{self.host} refused {doing} (HTTP {answer.status_code})",
                 hint=f"log in with `docker login {self.host}`",
             )
         if answer.status_code >= 300:
-            raise RegistryRefused(f"{self.host} refused {doing}: HTTP {answer.status_code} {answer.text[:200]}")
+            said = body[:200].decode("utf-8", "replace").replace("\n", " ").strip()
+            raise RegistryRefused(f"{self.host} refused {doing}: HTTP {answer.status_code} {said}")
 
 
 def _repo(name: str) -> str:
     """`host:port/path/name:tag` -> `host:port/path/name` (a port is not a tag)."""
     head, _, last = name.rpartition("/")
     return f"{head}/{last.split(':')[0]}" if head else last.split(":")[0]
+
+
+__all__ = [
+    "ACCEPT", "ATTESTATION_ANNOTATION", "DOCKER_LIST", "DOCKER_MANIFEST", "INDEX_TYPES", "MANIFEST_LIMIT",
+    "OCI_INDEX", "OCI_MANIFEST", "BadManifest", "Entry", "ImageIndex", "Manifest", "Registry",
+    "RegistryRefused", "RegistryUnreachable", "check_before_pull", "check_republished", "compose_index",
+    "digest_of", "docker_config_file", "parse_index", "registry_host", "republish",
+]

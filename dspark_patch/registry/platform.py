@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from dspark_patch.errors import BadInput
+
+# GOOS/GOARCH and the OCI spec's platform values are lower-case letters and digits. Keeping to
+# them is what makes `TAG-OS-ARCH-VARIANT` injective: no part can hold the `-` that joins them.
+PART = re.compile(r"[a-z0-9]+")
 
 
 class UnknownPlatform(BadInput):
@@ -25,8 +30,9 @@ class Platform:
     def parse(cls, text: str) -> Platform:
         """`linux/arm64`, `linux/arm64/v8` (the form `docker --platform` takes)."""
         parts = text.strip().split("/")
-        if len(parts) not in (2, 3) or not all(parts):
-            raise BadInput(f"{text!r} is not a platform", hint="write OS/ARCH, e.g. linux/amd64")
+        if len(parts) not in (2, 3) or not all(PART.fullmatch(p) for p in parts):
+            raise BadInput(f"{text!r} is not a platform",
+                           hint="write OS/ARCH[/VARIANT] in lower-case letters and digits, e.g. linux/amd64")
         return cls(os=parts[0], architecture=parts[1], variant=parts[2] if len(parts) == 3 else "")
 
     @classmethod
@@ -39,6 +45,28 @@ class Platform:
 
     def __str__(self) -> str:
         return "/".join(p for p in (self.os, self.architecture, self.variant) if p)
+
+    def odd_part(self) -> str | None:
+        """The first of os, architecture, variant that is not `[a-z0-9]+` (variant may be empty)."""
+        for part in (self.os, self.architecture):
+            if not PART.fullmatch(part):
+                return part
+        if self.variant and not PART.fullmatch(self.variant):
+            return self.variant
+        return None
+
+    @property
+    def tag_suffix(self) -> str:
+        """`linux-arm64-v8`: distinct for distinct platforms, since no part holds a `-`."""
+        if self.odd_part() is not None:
+            raise BadInput(f"platform {str(self)!r} has a part that is not lower-case letters and digits",
+                           hint="no result tag is made for it")
+        return "-".join(p for p in (self.os, self.architecture, self.variant) if p)
+
+    def machine_key(self) -> tuple[str, str, str]:
+        """What machines this platform runs on: arm64 with and without `v8` is one (see `matches`)."""
+        variant = "v8" if self.architecture == "arm64" and not self.variant else self.variant
+        return (self.os, self.architecture, variant)
 
     def matches(self, wanted: Platform) -> bool:
         """`linux/arm64` asks for any arm64 variant; `linux/arm64/v8` for that one only.

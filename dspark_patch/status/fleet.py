@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Literal
 from .. import __version__
 from ..errors import BadInput, DsparkPatchError, EnvironmentProblem, TargetNotFound
 from ..patchset import PatchSet, available
+from ..registry.index import check_before_pull
 from ..report.status_model import FleetStatus, ImageStatus
 from ..targets.sitefiles import SiteFiles
 from .assess import assess
@@ -114,6 +115,9 @@ def _read_images(request: StatusRequest, patchsets: Sequence[PatchSet], progress
     for ref in refs:  # cheap: one inspect each; groups tags of one image so it is read once
         try:
             if request.pull != "never":
+                if request.pull == "always" or not engine.tag_exists(ref):
+                    # An index listing a platform twice would have the engine pick one silently.
+                    check_before_pull(ref)
                 engine.ensure_image(ref, pull=request.pull, platform=request.platform)
             by_id.setdefault(engine.image_info(ref).id, []).append(ref)
         except DsparkPatchError as exc:

@@ -74,8 +74,12 @@ def _history(engine: DockerEngine, source: ImageInfo) -> list[dict[str, Any]] | 
 
 def _entry(row: Mapping[str, Any], empty: bool) -> dict[str, Any]:
     entry: dict[str, Any] = {"created_by": row.get("CreatedBy") or ""}
-    if row.get("Created"):
-        entry["created"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(int(row["Created"])))
+    # `created` is optional (OCI image spec, config.md); the engine reports a missing one as Go's
+    # zero time, -62135596800 s, which must not become a date: `1-01-01T00:00:00Z` is no RFC 3339
+    # time and the engine refuses to load a config holding it. Unknown stays absent.
+    created = row.get("Created")
+    if isinstance(created, int) and created > 0:
+        entry["created"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(created))
     if row.get("Comment"):
         entry["comment"] = row["Comment"]
     if empty:

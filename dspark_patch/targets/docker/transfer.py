@@ -17,6 +17,7 @@ import docker.auth
 import docker.errors
 import docker.utils.config
 import requests.exceptions
+import urllib3.exceptions
 
 from ...errors import BadInput, DsparkPatchError, EnvironmentProblem, TargetNotFound
 from ...registry.index import docker_config_file
@@ -64,7 +65,9 @@ def pull_image(engine: DockerEngine, ref: str, *, platform: str | None = None,
         raise
     except docker.errors.APIError as exc:
         raise registry_error("pulling", ref, _explain(exc), not_found_is_input=True) from None
-    except requests.exceptions.RequestException as exc:
+    except (requests.exceptions.RequestException, urllib3.exceptions.HTTPError) as exc:
+        # urllib3's errors come through unwrapped while the SDK reads the event stream (a read
+        # timeout of the engine's answer, say).
         raise EnvironmentProblem(f"pulling {ref} failed: {exc}") from None
     if on_progress is not None:
         on_progress(PullProgress(ref=ref, layer=None, status="pulled", done=True))
@@ -105,8 +108,9 @@ def push_image(engine: DockerEngine, tag: str) -> str:
         raise
     except docker.errors.APIError as exc:
         raise registry_error("pushing", tag, _explain(exc), not_found_is_input=False) from None
-    except requests.exceptions.RequestException as exc:
-        raise EnvironmentProblem(f"pushing {tag} failed: {exc}") from None
+    except (requests.exceptions.RequestException, urllib3.exceptions.HTTPError) as exc:
+        raise EnvironmentProblem(f"pushing {tag} failed: {exc}",
+                                 hint="the engine stopped answering while it pushed; check it and the registry") from None
     if digest is None:
         raise EnvironmentProblem(f"pushing {tag} reported no digest")
     return str(digest)
