@@ -21,6 +21,7 @@ from .requests import ApplyRequest, ImageSpec, LocalSpec, ProbeRequest, TargetSp
 from .runlog import RunLog, StepCallback, target_report, with_distribution
 from .steps import (
     CachingReader,
+    EarlyStart,
     bytecode_paths,
     bytecode_restore_plan,
     check_integrity,
@@ -115,7 +116,8 @@ def _image_flow(spec: TargetSpec, target: Target) -> _ImageFlow | None:
 def _apply(request: ApplyRequest, target: Target, run: RunLog) -> AuditReport:
     # The image flow, checked once: an image request opens an image target.
     image = _image_flow(request.target, target)
-    patchset, dist, variant, diff = prepare(run, target, request.patch, request.strip)
+    early = EarlyStart(target, wanted=request.probe and not request.dry_run)
+    patchset, dist, variant, diff = prepare(run, target, request.patch, request.strip, after_load=early)
     if image is not None and image.spec.tag and not request.dry_run:
         image.target.refuse_existing_tag(image.spec.tag, force=image.spec.force)
     reader = CachingReader(target)
@@ -134,6 +136,7 @@ def _apply(request: ApplyRequest, target: Target, run: RunLog) -> AuditReport:
             check_post_images(plan, variant, enforce=hash_checks or plan.status == "already-applied")
 
     if plan.status == "already-applied":
+        early.cancel()
         run.notes.append("every hunk is already in place; nothing was written")
         for name in ("write", "compile", "probe"):
             run.skipped(name, "already applied")
@@ -164,7 +167,7 @@ def _apply(request: ApplyRequest, target: Target, run: RunLog) -> AuditReport:
             # Taken before the probe runs: nothing the probe does can reach the layer.
             take_layer(image.target, dist, plan, pyc_before, run)
         if probe is not None:
-            probe_step(target, dist, probe, run)
+            probe_step(target, dist, probe, run, early=early)
         else:
             run.skipped("probe", "--no-probe" if not request.probe else "this patch set has no probe")
         if image is None:
@@ -179,7 +182,8 @@ def _apply(request: ApplyRequest, target: Target, run: RunLog) -> AuditReport:
 
 
 def _verify(request: VerifyRequest, target: Target, run: RunLog) -> AuditReport:
-    patchset, dist, variant, diff = prepare(run, target, request.patch, request.strip)
+    early = EarlyStart(target, wanted=request.probe)  # it overlaps the integrity walk
+    patchset, dist, variant, diff = prepare(run, target, request.patch, request.strip, after_load=early)
     reader = CachingReader(target)
     problems: list[str] = []
 
@@ -219,7 +223,7 @@ def _verify(request: VerifyRequest, target: Target, run: RunLog) -> AuditReport:
 
     if request.probe and patchset.probe is not None:
         try:
-            probe_step(target, dist, patchset.probe, run)
+            probe_step(target, dist, patchset.probe, run, early=early)
         except ProbeFailed as exc:
             problems.append(exc.message)
     else:
