@@ -4,7 +4,8 @@ Usage: python -B -c SOURCE GO_FILE WAIT_S PROBE_SOURCE [MODULE...]
 
 While the tool locates, plans, writes, compiles and takes the layer, this interpreter imports
 MODULE... (what the probe's own source imports, never the patched distribution: torch, for the
-DSpark probe) and then waits for GO_FILE, which the tool writes once the layer is taken:
+DSpark probe), compiles PROBE_SOURCE and then waits for GO_FILE, which the tool writes once the
+layer is taken:
 `{"argv": [...], "python": PATH, "packages": [NAME...], "timeout": S}` or `{"cancel": true}`.
 Only then does PROBE_SOURCE run, as `python -B -c PROBE_SOURCE ARGV...` would run it: as
 `__main__`, with `sys.argv` set, after the import system's caches are dropped, so it reads the
@@ -42,6 +43,25 @@ def _wait(path, wait_s):
     _unusable(f"no go-ahead within {wait_s:.0f} s")
 
 
+def _venv_config(executable):
+    # Where python looks for pyvenv.cfg: beside the executable or one folder up.
+    folder = os.path.dirname(executable)
+    return [p for p in (os.path.join(folder, "pyvenv.cfg"), os.path.join(os.path.dirname(folder), "pyvenv.cfg"))
+            if os.path.exists(p)]
+
+
+def _same_interpreter(mine, wanted):
+    """The same binary outside any venv has the same prefix and sys.path however it is named
+    (/usr/bin/python3, /usr/bin/python3.13); a venv's python is itself only."""
+    if mine == wanted:
+        return True
+    try:
+        same = os.path.samefile(mine, wanted)
+    except OSError:
+        return False
+    return same and not _venv_config(mine) and not _venv_config(wanted)
+
+
 def _prestart():
     go_file, wait_s, probe_source, *modules = sys.argv[1:]
     for name in modules:
@@ -49,6 +69,8 @@ def _prestart():
             importlib.import_module(name)
         except BaseException:  # noqa: BLE001 - the probe meets the same failure and reports it
             pass
+    # Compiling the probe's source reads nothing of the tree either (seconds under emulation).
+    code = compile(probe_source, "<string>", "exec", dont_inherit=True)
     message = _wait(go_file, float(wait_s))
     try:
         os.remove(go_file)
@@ -56,7 +78,7 @@ def _prestart():
         pass
     if message.get("cancel"):
         sys.exit(UNUSABLE)
-    if sys.executable != message["python"]:
+    if not _same_interpreter(sys.executable, message["python"]):
         _unusable(f"started with {sys.executable}, but the distribution's python is {message['python']}")
     packages = set(message["packages"])
     early = sorted(m for m in sys.modules if m.partition(".")[0] in packages)
@@ -65,7 +87,6 @@ def _prestart():
     importlib.invalidate_caches()
     if message.get("timeout"):
         signal.alarm(int(message["timeout"]) + 5)  # the probe's own limit, kept inside too
-    code = compile(probe_source, "<string>", "exec", dont_inherit=True)
     _run_as_main(code, ["-c", *message["argv"]], sys)
 
 
