@@ -6,7 +6,7 @@ While the tool locates, plans, writes, compiles and takes the layer, this interp
 MODULE... (what the probe's own source imports, never the patched distribution: torch, for the
 DSpark probe), compiles PROBE_SOURCE and then waits for GO_FILE, which the tool writes once the
 layer is taken:
-`{"argv": [...], "python": PATH, "packages": [NAME...], "timeout": S}` or `{"cancel": true}`.
+`{"argv": [...], "python": PATH, "packages": [NAME...]}` or `{"cancel": true}`.
 Only then does PROBE_SOURCE run, as `python -B -c PROBE_SOURCE ARGV...` would run it: as
 `__main__`, with `sys.argv` set, after the import system's caches are dropped, so it reads the
 tree as it is now (patched).
@@ -20,11 +20,11 @@ the tool runs the probe afresh. A probe's own exit codes are 0-3.
 import importlib
 import json
 import os
-import signal
 import sys
 import time
 
 UNUSABLE = 4
+GO_LINE = "dspark-patch-prestart: go\n"
 
 
 def _unusable(why):
@@ -85,8 +85,10 @@ def _prestart():
     if early:
         _unusable(f"{early[0]} was imported before the go-ahead")
     importlib.invalidate_caches()
-    if message.get("timeout"):
-        signal.alarm(int(message["timeout"]) + 5)  # the probe's own limit, kept inside too
+    # The tool counts a result only with this line: a process that ended before the go-ahead
+    # (it crashed while importing, say) said nothing about the patched tree.
+    sys.stderr.write(GO_LINE)
+    sys.stderr.flush()
     _run_as_main(code, ["-c", *message["argv"]], sys)
 
 

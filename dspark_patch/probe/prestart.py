@@ -20,6 +20,7 @@ import ast
 import json
 import secrets
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 
 from ..errors import DsparkPatchError
 from ..inside import source as inside_source
@@ -27,6 +28,7 @@ from ..targets.base import HANDSHAKE_PREFIX, Distribution, PreStarting, Running,
 
 UNUSABLE = 4                 # inside/prestart.py's exit code: the early start cannot serve
 UNUSABLE_MARK = b"dspark-patch-prestart:"
+GO_LINE = b"dspark-patch-prestart: go\n"   # written by the early process as it starts the probe
 WAIT_S = 1800.0              # the longest the early process waits for its go-ahead
 
 
@@ -70,19 +72,23 @@ class EarlyProbe:
 
     def go(self, dist: Distribution, args: Sequence[str], *, timeout: float) -> RunResult | None:
         """Let the probe run on `dist` with `args`; its result, or None when it must run afresh."""
-        message = {"argv": list(args), "python": dist.python, "packages": list(distribution_packages(dist)),
-                   "timeout": timeout}
+        message = {"argv": list(args), "python": dist.python, "packages": list(distribution_packages(dist))}
         try:
             self.target.put_handshake(self.handshake, json.dumps(message).encode())
             result = self.running.wait(timeout)
         except DsparkPatchError as exc:
             self.unused = exc.message
             return None
-        if result.returncode == UNUSABLE and UNUSABLE_MARK in result.stderr:
-            line = next(x for x in result.stderr.splitlines() if x.startswith(UNUSABLE_MARK))
-            self.unused = line[len(UNUSABLE_MARK):].decode("utf-8", "replace").strip()
+        if result.timed_out:  # after the go-ahead (before it, it only polls): the probe's own time
+            return result
+        before, went, after = result.stderr.partition(GO_LINE)
+        if not went:
+            mark = next((x for x in before.splitlines() if x.startswith(UNUSABLE_MARK)), None)
+            self.unused = (mark[len(UNUSABLE_MARK):].decode("utf-8", "replace").strip() if mark is not None
+                           else f"it ended (exit {result.returncode}) before the go-ahead")
             return None
-        return result
+        # What the probe itself wrote to stderr, as a fresh run would have it.
+        return replace(result, stderr=before + after)
 
     def cancel(self) -> None:
         """No probe after all (already applied): let the early process end now."""
