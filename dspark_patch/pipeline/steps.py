@@ -148,7 +148,8 @@ class EarlyStart:
 
     def __call__(self, patchset: PatchSet) -> None:
         if self._wanted and patchset.probe is not None:
-            self.probe = start_probe_early(self._target, patchset.probe, distribution=patchset.distribution)
+            self.probe = start_probe_early(self._target, patchset.probe, modules=patchset.probe_modules,
+                                           distribution=patchset.distribution)
 
     def cancel(self) -> None:
         probe, self.probe = self.probe, None
@@ -160,10 +161,11 @@ class EarlyStart:
         return probe
 
 
-def probe_step(target: Target, dist: Distribution, probe: Path, run: RunLog, *, early: EarlyStart | None = None) -> None:
+def probe_step(target: Target, dist: Distribution, probe: Path, run: RunLog, modules: tuple[Path, ...] = (), *,
+               early: EarlyStart | None = None) -> None:
     with run.step("probe"):
         started = early.take() if early is not None else None
-        probed = run_probe(target, dist, probe, early=started)
+        probed = run_probe(target, dist, probe, modules=modules, early=started)
         if started is not None and started.unused:
             run.notes.append(f"the probe started early could not be used ({started.unused}); it ran afresh")
         run.update(probe=probed)
