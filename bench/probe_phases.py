@@ -20,10 +20,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from dspark_patch.patchset import resolve  # noqa: E402
+from dspark_patch.probe.run import bundle  # noqa: E402
 from tests.support import images  # noqa: E402
 from tests.support.index import arm64_fixture_image  # noqa: E402
 
-PROBE = ROOT / "patches" / "dspark-skip-mtp-buffer" / "probe.py"
+PATCH_SET = resolve("dspark-skip-mtp-buffer")
+assert PATCH_SET.probe is not None
 
 # Runs in the image: the probe loaded as a module (not run), its census timed on its own.
 PHASES = """
@@ -31,6 +34,16 @@ import json, sys, time, types
 from pathlib import Path
 t = time.perf_counter
 t0 = t(); import torch; t1 = t()
+import importlib.abc, importlib.util
+SOURCES = json.loads(sys.argv[3])  # the probe's own modules, importable by name as the runner's bundle makes them
+class Modules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, fullname, path=None, target=None):
+        return importlib.util.spec_from_loader(fullname, self) if fullname in SOURCES else None
+    def create_module(self, spec):
+        return None
+    def exec_module(self, module):
+        exec(compile(SOURCES[module.__name__], module.__name__ + ".py", "exec", dont_inherit=True), module.__dict__)
+sys.meta_path.insert(0, Modules())
 probe = types.ModuleType("probe"); probe.__dict__["__name__"] = "probe"
 sys.modules["probe"] = probe
 exec(compile(sys.argv[2], "probe.py", "exec", dont_inherit=True), probe.__dict__); t2 = t()
@@ -67,9 +80,10 @@ def phases(image: str) -> dict[str, float]:
             return time.perf_counter() - start, out
 
         start_s, _ = run("python3", "-B", "-c", "pass")
-        whole_s, out = run("python3", "-B", "-c", PHASES, site, PROBE.read_text())
+        modules = json.dumps({m.stem: m.read_text() for m in PATCH_SET.probe_modules})
+        whole_s, out = run("python3", "-B", "-c", PHASES, site, PATCH_SET.probe.read_text(), modules)
         inside = json.loads(out.strip().splitlines()[-1])
-        probe_s, _ = run("python3", "-B", "-c", PROBE.read_text(), "--site", site, "--json")
+        probe_s, _ = run("python3", "-B", "-c", bundle(PATCH_SET.probe, PATCH_SET.probe_modules), "--site", site, "--json")
     finally:
         _docker("rm", "-f", cid)
     return {"start": start_s, **inside, "whole": whole_s, "probe": probe_s}
