@@ -72,6 +72,18 @@ class EvaluationFailed(CheckFailed):
     kind = "evaluation-failed"
 
 
+class PortConflict(CheckFailed):
+    """`port`: a hunk of the source variant does not land exactly in the target release."""
+
+    kind = "port-conflict"
+
+
+class PortRefused(CheckFailed):
+    """`port`: the target release cannot take the patch as it is (an unguarded reader)."""
+
+    kind = "port-refused"
+
+
 # --- exit 2: bad invocation or bad input ------------------------------------------------
 class BadInput(DsparkPatchError):
     exit_code = 2
@@ -108,6 +120,12 @@ class TargetNotFound(BadInput):
 
 class TagExists(BadInput):
     kind = "tag-exists"
+
+
+class UnreviewedVariant(BadInput):
+    """The release's variant was made by `port` and no person has marked it reviewed."""
+
+    kind = "unreviewed-variant"
 
 
 # --- exit 3: environment problem --------------------------------------------------------

@@ -14,6 +14,7 @@ import tomllib
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Literal
 
 from .errors import InvalidPatchSet, UnknownPatchSet, UnsupportedRelease
 
@@ -23,7 +24,13 @@ _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _ID = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 _TOP_KEYS = {"id", "title", "summary", "distribution", "strip", "probe", "variants"}
 _REQUIRED_TOP = {"id", "title", "summary", "distribution", "variants"}
-_VARIANT_KEYS = {"name", "releases", "diff", "files"}
+_VARIANT_KEYS = {"name", "releases", "diff", "files", "review", "ported_from"}
+_REQUIRED_VARIANT = {"name", "releases", "diff", "files"}
+# A variant written by `dspark-patch port` starts "unreviewed"; a person who has read its
+# review file (docs/porting.md) changes it to "reviewed". A variant without the key was
+# reviewed by hand before the key existed.
+ReviewState = Literal["reviewed", "unreviewed"]
+_REVIEW_STATES: dict[str, ReviewState] = {"reviewed": "reviewed", "unreviewed": "unreviewed"}
 _FILE_KEYS = {"pre_sha256", "post_sha256"}
 
 
@@ -40,6 +47,8 @@ class Variant:
     diff_path: Path
     diff: bytes
     files: dict[str, FileHashes]
+    review: ReviewState = "reviewed"
+    ported_from: str | None = None   # the variant `dspark-patch port` made this one from
 
     @property
     def diff_sha256(self) -> str:
@@ -192,7 +201,7 @@ def _inside(folder: Path, name: str, *, what: str, where: str) -> Path:
 def _variant(folder: Path, raw: object, *, where: str) -> Variant:
     if not isinstance(raw, dict):
         raise InvalidPatchSet(f"{where}: must be a table")
-    _keys(raw, allowed=_VARIANT_KEYS, required=_VARIANT_KEYS, where=where)
+    _keys(raw, allowed=_VARIANT_KEYS, required=_REQUIRED_VARIANT, where=where)
     name = _str(raw, "name", where)
     releases = raw["releases"]
     if not isinstance(releases, list) or not releases or not all(isinstance(r, str) and r for r in releases):
@@ -220,7 +229,15 @@ def _variant(folder: Path, raw: object, *, where: str) -> Variant:
         if pre is None and post is None:
             raise InvalidPatchSet(f"{fwhere}: needs pre_sha256, post_sha256 or both")
         files[path] = FileHashes(pre_sha256=pre, post_sha256=post)
-    return Variant(name=name, releases=tuple(releases), diff_path=diff_path, diff=diff, files=files)
+    review = raw.get("review", "reviewed")
+    if review not in _REVIEW_STATES:
+        raise InvalidPatchSet(f"{where}: review must be \"reviewed\" or \"unreviewed\", got {review!r}",
+                              hint="a person who has read the variant's review file marks it reviewed")
+    ported_from = raw.get("ported_from")
+    if ported_from is not None and (not isinstance(ported_from, str) or not ported_from.strip()):
+        raise InvalidPatchSet(f"{where}: ported_from must name the variant this one was ported from")
+    return Variant(name=name, releases=tuple(releases), diff_path=diff_path, diff=diff, files=files,
+                   review=_REVIEW_STATES[review], ported_from=ported_from)
 
 
 def _keys(table: dict, *, allowed: set[str], required: set[str], where: str) -> None:

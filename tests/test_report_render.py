@@ -240,7 +240,7 @@ def test_json_has_the_contract_field_names() -> None:
     assert doc["target"]["distribution"] == {"name": "vllm", "version": "0.33.0", "location": SITE}
     assert doc["target"]["image"] == {"ref": "vllm-serving:0.33.0", "id": SOURCE_ID, "repo_digest": None}
     assert doc["result_image"]["id"] == RESULT_ID
-    assert set(doc["patch"]) == {"id", "variant", "sha256", "source", "hash_checks"}
+    assert set(doc["patch"]) == {"id", "variant", "sha256", "source", "hash_checks", "review"}
     assert doc["files"][1]["hunks"] == [{"index": 1, "source_start": 200, "applied_at": 200, "offset": 0, "fuzz": 0}]
     assert doc["labels"][f"{LABEL_NS}.patch"] == "dspark-mtp-buffer"
     assert [c["name"] for c in doc["probe"]["cases"]] == list(PROBE_CASES)

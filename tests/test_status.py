@@ -162,7 +162,7 @@ def test_a_release_without_a_variant_is_not_applicable_and_a_deleted_file_is_mis
     site = read_site(tree, "vllm")
     found = assess(site, available())
     assert found.missing == (ELSEWHERE,) and found.unexplained == () and found.added == ()
-    other = assess(replace(site, release="0.32.0"), available())
+    other = assess(replace(site, release="0.31.0"), available())
     assert dict(other.patch_sets)[PATCH_ID] == "not-applicable"
 
 

@@ -26,6 +26,7 @@ def apply(
     python: common.PythonOpt = None,
     platform: common.PlatformOpt = None,
     allow_unknown_base: Annotated[bool, typer.Option("--allow-unknown-base", help="Do not require the known pre-image hashes; rely on zero-fuzz placement alone (the report says so).")] = False,
+    allow_unreviewed: Annotated[bool, typer.Option("--allow-unreviewed", help="Apply a variant `dspark-patch port` made that no person has marked reviewed yet (the report says so).")] = False,
     tag: Annotated[str | None, typer.Option("--tag", help="Name the patched image (--image only). For an index: the new index; each platform image is tagged TAG-OS-ARCH[-VARIANT].")] = None,
     force: Annotated[bool, typer.Option("--force", help="Move an existing --tag to the new image.")] = False,
     push: Annotated[bool, typer.Option("--push", help="Push --tag through the engine after committing. For an index: every platform image, then the new index (only if every platform passed).")] = False,
@@ -37,7 +38,7 @@ def apply(
     request = pipeline.ApplyRequest(
         target=common.target_spec(root, image, python, pull=pull, tag=tag, force=force, push=push, platform=platform),
         patch=patch, strip=strip, dry_run=dry_run, compile=not no_compile, probe=not no_probe,
-        allow_unknown_base=allow_unknown_base,
+        allow_unknown_base=allow_unknown_base, allow_unreviewed=allow_unreviewed,
     )
     with output.pull_display() as pulls:
         report = pipeline.apply(request, on_step=output.step_printer(not as_json), on_pull=pulls)

@@ -36,7 +36,9 @@ def show(patch_id: Annotated[str, typer.Argument(metavar="ID", help="A patch-set
         return
     lines = [f"{p.id or p.title}: {p.title}", "", p.summary, "", f"distribution: {p.distribution}   strip: {p.strip}   probe: {p.probe.name if p.probe else 'none'}"]
     for v in p.variants:
-        lines.append(f"variant {v.name}: releases {', '.join(v.releases) or '-'}; diff {v.diff_path.name} sha256 {v.diff_sha256}")
+        origin = f"; ported from {v.ported_from}" if v.ported_from else ""
+        lines.append(f"variant {v.name}: releases {', '.join(v.releases) or '-'}; diff {v.diff_path.name} sha256 {v.diff_sha256}; "
+                     f"{v.review}{origin}")
         for path, h in v.files.items():
             lines.append(f"  {path}\n    pre  {h.pre_sha256 or '(added)'}\n    post {h.post_sha256 or '(deleted)'}")
     output.print_text("\n".join(lines))
@@ -55,7 +57,7 @@ def _summary(p: patchsets.PatchSet) -> dict:
         "id": p.id, "title": p.title, "summary": p.summary, "distribution": p.distribution,
         "strip": p.strip, "probe": p.probe.name if p.probe else None,
         "variants": [{"name": v.name, "releases": list(v.releases), "diff": v.diff_path.name,
-                      "sha256": v.diff_sha256,
+                      "sha256": v.diff_sha256, "review": v.review, "ported_from": v.ported_from,
                       "files": {k: {"pre_sha256": h.pre_sha256, "post_sha256": h.post_sha256} for k, h in v.files.items()}}
                      for v in p.variants],
     }

@@ -12,7 +12,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, replace
 
 from ..engine.plan import plan_patch
-from ..errors import BadInput, DsparkPatchError, ProbeFailed, VerifyMismatch
+from ..errors import BadInput, DsparkPatchError, ProbeFailed, UnreviewedVariant, VerifyMismatch
 from ..patchset import resolve
 from ..report.model import AuditReport, FileReport, ImageRef
 from ..targets.base import ImageCapable, PullCallback, Target
@@ -118,6 +118,15 @@ def _apply(request: ApplyRequest, target: Target, run: RunLog) -> AuditReport:
     image = _image_flow(request.target, target)
     early = EarlyStart(target, wanted=request.probe and not request.dry_run)
     patchset, dist, variant, diff = prepare(run, target, request.patch, request.strip, after_load=early)
+    if not patchset.is_bare and variant.review == "unreviewed":
+        if not request.allow_unreviewed:
+            raise UnreviewedVariant(
+                f"patch set {patchset.id} variant {variant.name} is unreviewed (made by `dspark-patch port`"
+                f"{' from ' + variant.ported_from if variant.ported_from else ''}); refusing to apply it",
+                hint="have a person read its review file and set review = \"reviewed\" in patch.toml, "
+                "or pass --allow-unreviewed (the report says so)",
+            )
+        run.notes.append(f"--allow-unreviewed: variant {variant.name} has not been reviewed by a person")
     if image is not None and image.spec.tag and not request.dry_run:
         image.target.refuse_existing_tag(image.spec.tag, force=image.spec.force)
     reader = CachingReader(target)
@@ -184,6 +193,8 @@ def _apply(request: ApplyRequest, target: Target, run: RunLog) -> AuditReport:
 def _verify(request: VerifyRequest, target: Target, run: RunLog) -> AuditReport:
     early = EarlyStart(target, wanted=request.probe)  # it overlaps the integrity walk
     patchset, dist, variant, diff = prepare(run, target, request.patch, request.strip, after_load=early)
+    if not patchset.is_bare and variant.review == "unreviewed":
+        run.notes.append(f"variant {variant.name} is unreviewed: made by `dspark-patch port`, not yet marked reviewed")
     reader = CachingReader(target)
     problems: list[str] = []
 

@@ -39,6 +39,7 @@ class ApplyRequest:
     compile: bool = True
     probe: bool = True
     allow_unknown_base: bool = False
+    allow_unreviewed: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,3 +54,18 @@ class VerifyRequest:
 class ProbeRequest:
     target: TargetSpec
     patch: str | None = None   # whose probe to run; default: dspark-skip-mtp-buffer
+
+
+@dataclass(frozen=True, kw_only=True)
+class PortRequest:
+    """`port`: carry a variant of a patch set to another release (exactly one source of files)."""
+
+    release: str
+    patch: str | None = None
+    wheel: str | None = None
+    root: str | None = None
+    image: str | None = None
+    python: str | None = None
+    pull: PullPolicy = "missing"
+    source_variant: str | None = None
+    work: str | None = None

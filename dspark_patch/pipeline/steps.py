@@ -61,6 +61,7 @@ def select_variant(patchset: PatchSet, dist: Distribution, strip: int | None, ru
     run.update(patch=PatchReport(
         id=patchset.id, variant=None if patchset.is_bare else variant.name, sha256=variant.diff_sha256,
         source=str(variant.diff_path), hash_checks=not patchset.is_bare,
+        review=None if patchset.is_bare else variant.review,
     ))
     if patchset.is_bare:
         run.notes.append("bare diff file: release and hash checks skipped")

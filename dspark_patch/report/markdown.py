@@ -179,6 +179,9 @@ def to_markdown(report: AuditReport) -> str:
             ("source", _code(p.source)),
             ("hash checks", "on" if p.hash_checks else "off: placement at zero fuzz was the only guard"),
         ]
+        if p.review is not None:
+            facts.append(("review", "reviewed" if p.review == "reviewed"
+                          else "**unreviewed**: made by `dspark-patch port`, not yet marked reviewed by a person"))
     facts += [("tool", f"dspark-patch {_cell(report.tool_version)}"), ("started", _cell(report.started_at))]
     lines += ["| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in facts), ""]
 

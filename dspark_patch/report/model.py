@@ -52,6 +52,9 @@ class PatchReport:
     sha256: str               # of the diff bytes
     source: str               # where the diff came from (patch set dir or file)
     hash_checks: bool         # False for a bare diff or --allow-unknown-base
+    # The variant's review state from patch.toml (None for a bare diff); "unreviewed" only
+    # reaches an applied report with --allow-unreviewed.
+    review: Literal["reviewed", "unreviewed"] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

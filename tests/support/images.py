@@ -79,3 +79,8 @@ def no_shell_image() -> str:
 
 
 SHAPES = ("trixie-venv", "two-pythons", "non-writable", "no-shell")
+
+
+def fixture_032_image() -> str:
+    """The serving image with the real vLLM 0.32.0 wheel and CPU torch (issue 18)."""
+    return built_images()["vllm-fixture-0.32.0"]

@@ -44,6 +44,8 @@ def tier_of(marks: set[str] | dict) -> str:
 def mark_by_fixtures(items: list[pytest.Item]) -> None:
     for item in items:
         names = set(getattr(item, "fixturenames", ()))
+        if item.get_closest_marker("docker") is not None:  # the old name of `engine`, in older branches
+            item.add_marker(pytest.mark.engine)
         if names & REGISTRY_FIXTURES:
             item.add_marker(pytest.mark.registry)
         if "fixture_on_other_engine" in names:

@@ -1,0 +1,69 @@
+"""`dspark-patch port`."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ..pipeline.port import port as run_port
+from ..pipeline.port import reader_line
+from ..pipeline.requests import PortRequest
+from ..report.port_model import PortReport
+from . import common, output
+
+
+def register(app: typer.Typer) -> None:
+    app.command("port")(port)
+
+
+def port(
+    to: Annotated[str, typer.Option("--to", help="The release to make a variant for, e.g. 0.32.0.")],
+    patch: common.PatchOpt = None,
+    wheel: Annotated[Path | None, typer.Option("--wheel", help="The release's wheel file (pip download --no-deps vllm==RELEASE).")] = None,
+    root: common.RootOpt = None,
+    image: common.ImageOpt = None,
+    source_variant: Annotated[str | None, typer.Option("--from", help="The variant to carry (default: the patch set's own, not ported, variant).")] = None,
+    work: Annotated[Path | None, typer.Option("--work", help="The work folder (default ./dspark-patch-port/ID-RELEASE); run the same command again after resolving conflicts there.")] = None,
+    python: common.PythonOpt = None,
+    pull: common.PullOpt = "missing",
+    as_json: Annotated[bool, typer.Option("--json", help="Print what the port did as JSON on stdout and nothing else.")] = False,
+) -> None:
+    """Make a candidate variant of a patch set for another release: an exact three-way merge
+    (never fuzz), conflicts left for a person, then compile and probe checks; the variant is
+    written "unreviewed", with a review file."""
+    request = PortRequest(
+        release=to, patch=patch, wheel=None if wheel is None else str(wheel), root=None if root is None else str(root),
+        image=image, python=python, pull=common.pull_policy(pull), source_variant=source_variant,
+        work=None if work is None else str(work),
+    )
+    report = run_port(request)
+    if as_json:
+        from ..serialise import dumps
+
+        output.print_json(dumps(report))
+    else:
+        _render(report)
+    if report.error is not None:
+        output.error_line_text(report.error.message + (f" ({report.error.hint})" if report.error.hint else ""))
+    raise typer.Exit(report.exit_code)
+
+
+def _render(report: PortReport) -> None:
+    out = sys.stdout
+    print(f"port {report.patch or '?'} {report.source_variant or '?'} -> {report.release}: {report.status} "
+          f"(work folder {report.work})", file=out)
+    for f in report.files:
+        where = ", ".join(f"hunk #{i} offset {o:+d}" for i, o in enumerate(f.offsets, 1))
+        print(f"  {f.path}: {f.status}{' (' + where + ')' if where else ''}", file=out)
+        for line in f.conflicts:
+            print(f"  conflict: {line}", file=out)
+    for e in report.unguarded:
+        print(f"  unguarded reader: {reader_line(e)}: {e.verdict}", file=out)
+    if report.probe is not None and report.probe.ran:
+        print(f"  probe: {'passed' if report.probe.ok else 'FAILED: ' + report.probe.detail}", file=out)
+    if report.variant:
+        print(f"  wrote variant {report.variant} (review = \"unreviewed\"): {report.diff_path}", file=out)
+        print(f"  review file: {report.review_path}", file=out)

@@ -1,0 +1,115 @@
+"""A ported variant as patch-set data: its diff from pre- and post-images, and its patch.toml table.
+
+The diff is GNU `diff -u` with `a/` and `b/` labels, the style of every shipped variant (it
+reproduces vllm-0.33.0.patch byte for byte from that release's files), and it is parsed back and
+planned against the pre-images before anything is written: the diff must give exactly the
+post-images, at zero fuzz.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..engine.diff import parse_diff
+from ..engine.plan import plan_patch
+from ..errors import EnvironmentProblem, InvalidPatchSet
+
+
+@dataclass(frozen=True, kw_only=True)
+class CandidateFile:
+    path: str     # relative to the site folder, as the diff names it
+    pre: bytes    # the target release's pristine file
+    post: bytes   # the resolved candidate
+
+
+def make_diff(files: tuple[CandidateFile, ...]) -> bytes:
+    """The unified diff of every file (in the order given), checked to reproduce each post-image."""
+    out = b"".join(_diff_one(f) for f in files)
+    diff = parse_diff(out, strip=1)
+    pres = {f.path: f.pre for f in files}
+    plan = plan_patch(diff, pres.get)
+    posts = {fp.path: fp.post for fp in plan.files}
+    if plan.status != "apply" or any(posts.get(f.path) != f.post for f in files):
+        raise InvalidPatchSet("the generated diff does not reproduce the candidate files exactly",
+                              hint="this is a bug in dspark-patch port; nothing was written")
+    return out
+
+
+def _diff_one(f: CandidateFile) -> bytes:
+    with tempfile.TemporaryDirectory(prefix="dspark-port-diff-") as tmp:
+        pre, post = Path(tmp) / "pre", Path(tmp) / "post"
+        pre.write_bytes(f.pre)
+        post.write_bytes(f.post)
+        try:
+            done = subprocess.run(["diff", "-u", "--label", f"a/{f.path}", "--label", f"b/{f.path}", str(pre), str(post)],
+                                  capture_output=True, timeout=120)
+        except FileNotFoundError:
+            raise EnvironmentProblem("port needs GNU diff (diffutils) to write the variant's diff",
+                                     hint="install diffutils") from None
+    if done.returncode not in (0, 1):
+        raise EnvironmentProblem(f"diff failed: {done.stderr.decode('utf-8', 'replace').strip()[:200]}")
+    return done.stdout
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def toml_table(*, name: str, release: str, diff_name: str, ported_from: str,
+               files: tuple[CandidateFile, ...]) -> str:
+    """The [[variants]] table appended to patch.toml (review starts "unreviewed")."""
+    lines = [
+        "",
+        "[[variants]]",
+        f"name = {_quote(name)}",
+        f"releases = [{_quote(release)}]",
+        f"diff = {_quote(diff_name)}",
+        'review = "unreviewed"',
+        f"ported_from = {_quote(ported_from)}",
+    ]
+    for f in files:
+        lines += ["", f"[variants.files.{_quote(f.path)}]",
+                  f"pre_sha256 = {_quote(sha256(f.pre))}", f"post_sha256 = {_quote(sha256(f.post))}"]
+    return "\n".join(lines) + "\n"
+
+
+def _quote(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def write_variant(folder: Path, *, diff_name: str, diff: bytes, table: str) -> Mapping[str, Path]:
+    """Add the diff file and append the table to patch.toml; the caller validates and may undo."""
+    diff_path = folder / diff_name
+    toml_path = folder / "patch.toml"
+    if diff_path.exists():
+        raise InvalidPatchSet(f"{diff_path} already exists", hint="remove it, or port to a release the patch set lacks")
+    tmp = diff_path.with_name(diff_path.name + ".dspark-tmp")
+    tmp.write_bytes(diff)
+    tmp.replace(diff_path)
+    before = toml_path.read_text(encoding="utf-8")
+    sep = "" if before.endswith("\n") else "\n"
+    tmp_toml = toml_path.with_name("patch.toml.dspark-tmp")
+    tmp_toml.write_text(before + sep + table, encoding="utf-8")
+    tmp_toml.replace(toml_path)
+    return {"diff": diff_path, "toml": toml_path, "toml_before": _keep(folder, before)}
+
+
+def _keep(folder: Path, before: str) -> Path:
+    backup = folder / ".patch.toml.before-port"
+    backup.write_text(before, encoding="utf-8")
+    return backup
+
+
+def undo_variant(written: Mapping[str, Path]) -> None:
+    """Put patch.toml back and remove the diff (when the patch set no longer loads)."""
+    written["diff"].unlink(missing_ok=True)
+    written["toml_before"].replace(written["toml"])
+
+
+def forget_backup(written: Mapping[str, Path]) -> None:
+    written["toml_before"].unlink(missing_ok=True)

@@ -1,0 +1,39 @@
+"""What a `dspark-patch port` call did: a frozen record the CLI renders (one line per finding)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from .model import CensusEntry, ErrorReport, ProbeReport
+
+PortStatus = Literal["written", "conflict", "refused", "failed"]
+PortFileStatus = Literal["landed", "conflict", "resolved"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class PortFileReport:
+    path: str
+    status: PortFileStatus
+    offsets: tuple[int, ...] = ()       # landed: each hunk's offset in the target file
+    conflicts: tuple[str, ...] = ()     # one line per hunk that did not land exactly
+    work_file: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PortReport:
+    status: PortStatus
+    exit_code: int
+    patch: str | None
+    source_variant: str | None
+    release: str
+    work: str
+    files: tuple[PortFileReport, ...] = ()
+    # Readers of the buffer on the DSpark V2 path with no None check, in the pristine target.
+    unguarded: tuple[CensusEntry, ...] = ()
+    probe: ProbeReport | None = None    # on the target with the candidate applied
+    variant: str | None = None          # the variant written into the patch set
+    diff_path: str | None = None
+    review_path: str | None = None
+    error: ErrorReport | None = None
+    notes: tuple[str, ...] = ()
