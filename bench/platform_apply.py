@@ -51,6 +51,17 @@ def main() -> int:
         probe = sum(s.seconds for s in p.report.steps if s.name == "probe")
         share = probe / total if total else 0.0
         print(f"{p.platform:<16} {total:8.1f} {probe:8.1f} {share:12.0%}  {'yes' if p.emulated else 'no'}")
+    # Where each platform's time goes, step by step (the probe step is what is left of the probe
+    # after its early start: interpreter, torch import and the compile of its source overlap
+    # locate .. layer).
+    names = list(dict.fromkeys(s.name for p in report.platforms for s in p.report.steps))
+    print(f"{'step':<16} " + " ".join(f"{p.platform:>16}" for p in report.platforms))
+    for name in names:
+        cells = [sum(s.seconds for s in p.report.steps if s.name == name) for p in report.platforms]
+        print(f"{name:<16} " + " ".join(f"{c:16.1f}" for c in cells))
+    for p in report.platforms:
+        unused = [n for n in p.report.notes if "started early" in n]
+        print(f"{p.platform}: probe started early: {'no: ' + unused[0] if unused else 'yes'}")
     native = [sum(s.seconds for s in p.report.steps) for p in report.platforms if not p.emulated]
     emulated = [sum(s.seconds for s in p.report.steps) for p in report.platforms if p.emulated]
     if native and emulated and native[0]:

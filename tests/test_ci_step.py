@@ -27,7 +27,7 @@ def registry(tmp_path_factory):
         yield address
 
 
-@pytest.mark.docker
+@pytest.mark.engine
 def test_push_lands_in_the_registry_and_the_attestation_names_the_pushed_digest(registry, tmp_path):
     client = docker.from_env()
     tag = f"{registry}/dspark-patch/vllm:{uuid.uuid4().hex[:8]}"
@@ -71,7 +71,7 @@ def test_push_lands_in_the_registry_and_the_attestation_names_the_pushed_digest(
                 pass
 
 
-@pytest.mark.docker
+@pytest.mark.engine
 def test_push_to_an_unreachable_registry_fails_cleanly(tmp_path):
     client = docker.from_env()
     tag = f"127.0.0.1:9/dspark-patch/vllm:{uuid.uuid4().hex[:8]}"  # nothing listens on port 9

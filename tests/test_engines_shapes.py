@@ -27,6 +27,8 @@ from tests.support.registry import docker_login, loopback_registry, push_only_to
 
 LABEL_PREFIX = "io.github.dspark-patch"
 
+pytestmark = pytest.mark.engine
+
 
 def _inspect(docker_host: str | None, ref: str) -> dict | None:
     argv = ["docker", *(["--host", docker_host] if docker_host else []), "image", "inspect", ref]

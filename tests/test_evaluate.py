@@ -163,6 +163,7 @@ def test_evaluate_refuses_an_image_that_sets_another_experiment_flag():
     check_no_experiment_flags(env={"HF_HOME": "/cache"}, server_args=["--kv-cache-dtype", "fp8"])
 
 
+@pytest.mark.engine  # the image is inspected before the flags are judged
 def test_evaluate_cli_refusal_exits_2_naming_the_item(tmp_path: Path):
     code, _, message = invoke("evaluate", "--image", "any", "--no-gpus", "--report-dir", str(tmp_path),
                               "--env", "VLLM_PCAI_X=1", "--", "--model", "m")
@@ -193,7 +194,7 @@ def _double_env(log: str) -> dict[str, str]:
     return dict(l[len(prefix):].split("=", 1) for l in log.splitlines() if l.startswith(prefix))
 
 
-@pytest.mark.docker
+@pytest.mark.engine
 def test_evaluate_end_to_end_passes_with_the_same_image_and_only_the_flag_differing(
     tmp_path: Path, kvlog_double: str,
 ):
@@ -225,7 +226,7 @@ def test_evaluate_end_to_end_passes_with_the_same_image_and_only_the_flag_differ
     assert saved["comparison"]["omission_ranks_on"] == ["TP0", "TP1"]
 
 
-@pytest.mark.docker
+@pytest.mark.engine
 def test_evaluate_end_to_end_fails_when_one_rank_keeps_its_buffer(tmp_path: Path, kvlog_double: str):
     code, out, message = invoke(
         "evaluate", "--image", kvlog_double, "--no-gpus", "--timeout", "60",
@@ -239,7 +240,7 @@ def test_evaluate_end_to_end_fails_when_one_rank_keeps_its_buffer(tmp_path: Path
     assert (tmp_path / "evaluation.json").exists() and (tmp_path / "server-flag-on.log").exists()
 
 
-@pytest.mark.docker
+@pytest.mark.engine
 def test_evaluate_end_to_end_server_dying_before_its_kv_lines_fails_naming_them(
     tmp_path: Path, kvlog_double: str,
 ):
@@ -264,7 +265,7 @@ def _my_containers(engine: DockerEngine) -> set[str]:
     return {name for _, name in engine.our_containers() if f"--{os.getpid()}--" in name}
 
 
-@pytest.mark.docker
+@pytest.mark.engine
 def test_run_server_follows_the_log_until_the_pattern_then_removes_it():
     engine = DockerEngine()
     ref = images.server_double_image()
@@ -279,7 +280,7 @@ def test_run_server_follows_the_log_until_the_pattern_then_removes_it():
     assert _my_containers(engine) == set()
 
 
-@pytest.mark.docker
+@pytest.mark.engine
 def test_run_server_reports_an_exit():
     engine = DockerEngine()
     run = run_server(

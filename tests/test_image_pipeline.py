@@ -27,7 +27,7 @@ from dspark_patch.targets.docker.naming import Owner
 from tests.support.cli import SCRIPT, run
 from tests.support.images import fixture_image, no_python_image, no_vllm_image
 
-pytestmark = pytest.mark.docker
+pytestmark = pytest.mark.engine
 
 VARIANT = resolve("dspark-skip-mtp-buffer").variant_for("0.33.0")
 LOCATION = "/usr/local/lib/python3.11/dist-packages"

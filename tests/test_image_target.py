@@ -27,7 +27,7 @@ from dspark_patch.targets.docker import commit as commits
 from dspark_patch.targets.docker.naming import Owner
 from tests.support import images, vllm
 
-pytestmark = pytest.mark.docker
+pytestmark = pytest.mark.engine
 
 SITE = "/usr/local/lib/python3.11/dist-packages"
 ENVS = "vllm/envs.py"

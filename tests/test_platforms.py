@@ -22,6 +22,8 @@ from tests.support.index import INDEX_ANNOTATIONS, PLATFORMS, PublishedIndex, fi
 
 AMD64, ARM64 = "linux/amd64", "linux/arm64/v8"
 
+pytestmark = [pytest.mark.engine, pytest.mark.registry, pytest.mark.emulation]
+
 
 @pytest.fixture(scope="module")
 def index(tmp_path_factory) -> PublishedIndex:

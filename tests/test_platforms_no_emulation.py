@@ -25,6 +25,9 @@ from tests.support.images import ROOT
 from tests.support.index import PLATFORMS, _push_image, remove_images_from
 from tests.support.registry import loopback_registry
 
+# It switches the host's qemu handler off for a moment: it belongs with the emulation tier.
+pytestmark = [pytest.mark.engine, pytest.mark.registry, pytest.mark.emulation]
+
 HANDLER = Path("/proc/sys/fs/binfmt_misc/qemu-aarch64")
 
 

@@ -269,7 +269,7 @@ def test_a_candidate_that_does_not_compile_is_never_written(math_set: Path, tmp_
     assert sha((tmp_path / "work" / "tree" / MATH).read_bytes()) == sha((vllm.python_sources("0.32.0") / MATH).read_bytes())
 
 
-@pytest.mark.docker
+@pytest.mark.engine
 def test_port_from_an_image_reads_and_probes_in_a_container_it_removes(math_set: Path, patch_set: Path,
                                                                        tmp_path: Path) -> None:
     import docker

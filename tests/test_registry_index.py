@@ -88,6 +88,7 @@ def _publish(registry: str, tiny, kind: str, tag: str, *, attestation: bool = Fa
     return f"{registry}/tiny/app:{tag}"
 
 
+@pytest.mark.engine
 @pytest.mark.parametrize("kind", [DOCKER_LIST, OCI_INDEX])
 def test_a_published_index_reads_back_with_both_platforms_in_order(registry, tiny, kind):
     ref = _publish(registry, tiny, kind, f"two-{kind.rsplit('.', 2)[-2]}")
@@ -103,6 +104,7 @@ def test_a_published_index_reads_back_with_both_platforms_in_order(registry, tin
     assert Registry(registry).fetch_platform(index, AMD64).digest == tiny["source-amd64"].digest
 
 
+@pytest.mark.engine
 def test_the_engine_pulls_the_arm64_image_through_the_index(registry, tiny):
     # What a Grace node does with the tag: the engine must accept the index we wrote.
     ref = _publish(registry, tiny, DOCKER_LIST, "engine-pull")
@@ -116,6 +118,7 @@ def test_the_engine_pulls_the_arm64_image_through_the_index(registry, tiny):
         subprocess.run(["docker", "rmi", ref], check=False, capture_output=True)
 
 
+@pytest.mark.engine
 def test_attestation_manifests_are_listed_but_are_not_platforms(registry, tiny):
     ref = _publish(registry, tiny, OCI_INDEX, "with-attestation", attestation=True)
     index = Registry(registry).fetch_index(ref)
@@ -125,6 +128,7 @@ def test_attestation_manifests_are_listed_but_are_not_platforms(registry, tiny):
     assert index.entries[2].is_attestation
 
 
+@pytest.mark.engine
 @pytest.mark.parametrize("kind", [DOCKER_LIST, OCI_INDEX])
 def test_republish_swaps_digests_and_keeps_everything_else(registry, tiny, kind):
     reg = Registry(registry)
@@ -145,6 +149,7 @@ def test_republish_swaps_digests_and_keeps_everything_else(registry, tiny, kind)
     assert reg.fetch(source.manifest.reference).digest == source.manifest.digest
 
 
+@pytest.mark.engine
 def test_republish_refuses_an_index_with_a_platform_left_unpatched(registry, tiny):
     source = Registry(registry).fetch_index(_publish(registry, tiny, DOCKER_LIST, "half"))
     assert source is not None
@@ -152,6 +157,7 @@ def test_republish_refuses_an_index_with_a_platform_left_unpatched(registry, tin
         republish(source, {AMD64: tiny["patched-amd64"]})
 
 
+@pytest.mark.engine
 def test_a_single_platform_image_is_not_an_index(registry, tiny):
     assert Registry(registry).fetch_index(tiny["source-amd64"].reference) is None
 
@@ -202,6 +208,8 @@ def test_a_malformed_platform_is_bad_input():
 
 
 # --- the real two-platform fixture -----------------------------------------------------------
+@pytest.mark.engine
+@pytest.mark.emulation  # the arm64 fixture (scripts/build-arm64-fixture)
 def test_the_fixture_index_names_the_real_amd64_and_arm64_serving_images(registry):
     published = publish_index(registry, kind=OCI_INDEX, attestation=True)
     reg = Registry(registry)

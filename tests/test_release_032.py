@@ -70,7 +70,7 @@ def test_applies_verifies_and_probes_on_a_real_tree(tree: Path, tmp_path: Path) 
     assert res.json["probe"]["ok"] and res.json["probe"]["cases"]
 
 
-@pytest.mark.docker
+@pytest.mark.engine
 def test_applies_with_zero_fuzz_to_the_real_0_32_0_image_and_verifies(tmp_path: Path) -> None:
     client = docker.from_env()
     source = fixture_032_image()

@@ -204,7 +204,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory):
         shutil.rmtree(work, ignore_errors=True)
 
 
-@pytest.mark.docker
+@pytest.mark.engine
 def test_status_of_a_fleet_reads_every_image_without_starting_or_leaving_anything(fleet: dict[str, str], tmp_path: Path) -> None:
     ours = [fleet[k] for k in ("patched", "edited", "elsewhere", "added")]
     ids_before = {ref: _docker("image", "inspect", "-f", "{{.Id}}", ref).strip() for ref in fleet.values()}
@@ -260,7 +260,7 @@ def _container_events(since: str, until: str, image_ids: set[str]) -> list[str]:
     return [line for line in events.splitlines() if any(i in line for i in image_ids)]
 
 
-@pytest.mark.docker
+@pytest.mark.engine
 def test_status_of_a_missing_image_is_its_row_and_exit_2(fleet: dict[str, str]) -> None:
     code, doc = status_json("--image", "127.0.0.1:9/dspark-patch/absent:1", "--image", fleet["patched"])
     assert code == 2
@@ -269,7 +269,7 @@ def test_status_of_a_missing_image_is_its_row_and_exit_2(fleet: dict[str, str]) 
     assert patched["patch_sets"][PATCH_ID] == "applied" and patched["exit_code"] == 0
 
 
-@pytest.mark.docker
+@pytest.mark.engine
 @pytest.mark.parametrize("source", ["fixture", "trixie-venv"])
 def test_status_reads_an_image_made_by_apply_beside_its_source_in_one_save(source: str, tmp_path: Path) -> None:
     """The source's top layer is a lower layer of the patched image: the engine's save may write

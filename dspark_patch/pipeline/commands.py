@@ -21,6 +21,7 @@ from .requests import ApplyRequest, ImageSpec, LocalSpec, ProbeRequest, TargetSp
 from .runlog import RunLog, StepCallback, target_report, with_distribution
 from .steps import (
     CachingReader,
+    EarlyStart,
     bytecode_paths,
     bytecode_restore_plan,
     check_integrity,
@@ -115,7 +116,8 @@ def _image_flow(spec: TargetSpec, target: Target) -> _ImageFlow | None:
 def _apply(request: ApplyRequest, target: Target, run: RunLog) -> AuditReport:
     # The image flow, checked once: an image request opens an image target.
     image = _image_flow(request.target, target)
-    patchset, dist, variant, diff = prepare(run, target, request.patch, request.strip)
+    early = EarlyStart(target, wanted=request.probe and not request.dry_run)
+    patchset, dist, variant, diff = prepare(run, target, request.patch, request.strip, after_load=early)
     if not patchset.is_bare and variant.review == "unreviewed":
         if not request.allow_unreviewed:
             raise UnreviewedVariant(
@@ -143,6 +145,7 @@ def _apply(request: ApplyRequest, target: Target, run: RunLog) -> AuditReport:
             check_post_images(plan, variant, enforce=hash_checks or plan.status == "already-applied")
 
     if plan.status == "already-applied":
+        early.cancel()
         run.notes.append("every hunk is already in place; nothing was written")
         for name in ("write", "compile", "probe"):
             run.skipped(name, "already applied")
@@ -173,7 +176,7 @@ def _apply(request: ApplyRequest, target: Target, run: RunLog) -> AuditReport:
             # Taken before the probe runs: nothing the probe does can reach the layer.
             take_layer(image.target, dist, plan, pyc_before, run)
         if probe is not None:
-            probe_step(target, dist, probe, run, patchset.probe_modules)
+            probe_step(target, dist, probe, run, patchset.probe_modules, early=early)
         else:
             run.skipped("probe", "--no-probe" if not request.probe else "this patch set has no probe")
         if image is None:
@@ -188,7 +191,8 @@ def _apply(request: ApplyRequest, target: Target, run: RunLog) -> AuditReport:
 
 
 def _verify(request: VerifyRequest, target: Target, run: RunLog) -> AuditReport:
-    patchset, dist, variant, diff = prepare(run, target, request.patch, request.strip)
+    early = EarlyStart(target, wanted=request.probe)  # it overlaps the integrity walk
+    patchset, dist, variant, diff = prepare(run, target, request.patch, request.strip, after_load=early)
     if not patchset.is_bare and variant.review == "unreviewed":
         run.notes.append(f"variant {variant.name} is unreviewed: made by `dspark-patch port`, not yet marked reviewed")
     reader = CachingReader(target)
@@ -230,7 +234,7 @@ def _verify(request: VerifyRequest, target: Target, run: RunLog) -> AuditReport:
 
     if request.probe and patchset.probe is not None:
         try:
-            probe_step(target, dist, patchset.probe, run, patchset.probe_modules)
+            probe_step(target, dist, patchset.probe, run, patchset.probe_modules, early=early)
         except ProbeFailed as exc:
             problems.append(exc.message)
     else:

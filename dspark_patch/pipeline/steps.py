@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from ..engine.diff import Diff, parse_diff
@@ -20,16 +21,21 @@ from ..errors import (
 )
 from ..inside import source as inside_source
 from ..patchset import PatchSet, Variant, resolve
-from ..probe.run import run_probe
+from ..probe.prestart import EarlyProbe
+from ..probe.run import run_probe, start_probe_early
 from ..report.model import CompiledFile, CompileReport, FileReport, HunkReport, IntegrityReport, PatchReport, ProbeReport
 from ..targets.base import Distribution, Target
 from .runlog import RunLog, with_distribution
 
 
-def prepare(run: RunLog, target: Target, patch: str | None, strip: int | None) -> tuple[PatchSet, Distribution, Variant, Diff]:
-    """Load the patch set, find the installed distribution, pick the variant and parse its diff."""
+def prepare(run: RunLog, target: Target, patch: str | None, strip: int | None, *,
+            after_load: Callable[[PatchSet], None] | None = None) -> tuple[PatchSet, Distribution, Variant, Diff]:
+    """Load the patch set, find the installed distribution, pick the variant and parse its diff
+    (`after_load` runs between the first two: the probe may start early there)."""
     with run.step("load patch"):
         patchset = resolve(patch, strip=strip)
+    if after_load is not None:
+        after_load(patchset)
     with run.step("locate"):
         dist = target.locate(patchset.distribution)
     run.update(target=with_distribution(run.draft.target, dist))
@@ -133,9 +139,36 @@ def probe_failure(report: ProbeReport) -> ProbeFailed:
     return ProbeFailed(f"the patch set's probe failed: {report.detail}", hint="see the probe cases in the report")
 
 
-def probe_step(target: Target, dist: Distribution, probe: Path, run: RunLog, modules: tuple[Path, ...] = ()) -> None:
+class EarlyStart:
+    """The probe started early (probe/prestart.py), once the patch set names it: its
+    interpreter and imports overlap locate, plan, write, compile and layer."""
+
+    def __init__(self, target: Target, *, wanted: bool) -> None:
+        self._target, self._wanted = target, wanted
+        self.probe: EarlyProbe | None = None
+
+    def __call__(self, patchset: PatchSet) -> None:
+        if self._wanted and patchset.probe is not None:
+            self.probe = start_probe_early(self._target, patchset.probe, modules=patchset.probe_modules,
+                                           distribution=patchset.distribution)
+
+    def cancel(self) -> None:
+        probe, self.probe = self.probe, None
+        if probe is not None:
+            probe.cancel()
+
+    def take(self) -> EarlyProbe | None:
+        probe, self.probe = self.probe, None
+        return probe
+
+
+def probe_step(target: Target, dist: Distribution, probe: Path, run: RunLog, modules: tuple[Path, ...] = (), *,
+               early: EarlyStart | None = None) -> None:
     with run.step("probe"):
-        probed = run_probe(target, dist, probe, modules=modules)
+        started = early.take() if early is not None else None
+        probed = run_probe(target, dist, probe, modules=modules, early=started)
+        if started is not None and started.unused:
+            run.notes.append(f"the probe started early could not be used ({started.unused}); it ran afresh")
         run.update(probe=probed)
         if not probed.ok:
             raise probe_failure(probed)

@@ -36,6 +36,7 @@ from pathlib import Path
 from ..errors import EnvironmentProblem
 from ..report.model import CensusEntry, ProbeCase, ProbeReport
 from ..targets.base import Distribution, Target
+from .prestart import EarlyProbe, start_early
 
 PROBE_SCHEMA = "dspark-patch/probe/v1"
 PROBE_TIMEOUT_S = 600.0
@@ -98,12 +99,24 @@ def _census_entry(e: dict) -> CensusEntry:
     )
 
 
+def start_probe_early(target: Target, probe: Path, *, modules: tuple[Path, ...] = (), distribution: str,
+                      timeout: float = PROBE_TIMEOUT_S) -> EarlyProbe | None:
+    """Start the probe's interpreter and imports now, on a target that can (see prestart.py)."""
+    texts = [p.read_text(encoding="utf-8") for p in (probe, *modules)]
+    return start_early(target, bundle(probe, modules), sources=texts, exclude=[distribution, *(m.stem for m in modules)],
+                       env=_PROBE_ENV, timeout=timeout)
+
+
 def run_probe(target: Target, dist: Distribution, probe: Path, *, modules: tuple[Path, ...] = (),
-              timeout: float = PROBE_TIMEOUT_S) -> ProbeReport:
+              timeout: float = PROBE_TIMEOUT_S, early: EarlyProbe | None = None) -> ProbeReport:
     """Run the probe script `probe` (a patch set's, with the `modules` it imports) against `dist`
-    with the target's python."""
+    with the target's python (handing the go-ahead to `early` if it was started early, else, or if
+    it cannot serve, afresh)."""
     source = bundle(probe, modules)
-    result = target.run_python(source, ["--site", dist.location, "--json"], env=_PROBE_ENV, timeout=timeout)
+    args = ["--site", dist.location, "--json"]
+    result = early.go(dist, args, timeout=timeout) if early is not None else None
+    if result is None:
+        result = target.run_python(source, args, env=_PROBE_ENV, timeout=timeout)
     stderr_tail = result.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or [""]
     if result.timed_out:
         return ProbeReport(ok=False, ran=True, detail=f"the probe did not finish within {timeout:.0f} s")

@@ -17,6 +17,8 @@ if TYPE_CHECKING:
 
 TargetKind = Literal["local", "image"]
 ChangeKind = Literal["A", "C", "D"]   # a container's change against its image: added, changed, deleted
+# The go-ahead files of `PreStarting.put_handshake` live at the target's root under this prefix.
+HANDSHAKE_PREFIX = ".dspark-patch-go-"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -165,4 +167,28 @@ class ImageCapable(Target, Protocol):
 
     def push(self, tag: str) -> str:
         """Push `tag` to its registry; the pushed manifest digest."""
+        ...
+
+
+class Running(Protocol):
+    """A python run started by `PreStarting.start_python`, still going."""
+
+    def wait(self, timeout: float | None = None) -> RunResult:
+        """Its result, waiting at most `timeout` seconds from now (default: its own limit)."""
+        ...
+
+
+@runtime_checkable
+class PreStarting(Protocol):
+    """A target that can start a python early and hand it a go-ahead later (probe/prestart.py):
+    the interpreter and its imports overlap the tool's other steps."""
+
+    def start_python(
+        self, source: str, args: Sequence[str] = (), *, env: Mapping[str, str] | None = None, timeout: float = 600.0,
+    ) -> Running:
+        """`run_python`, returning at once."""
+        ...
+
+    def put_handshake(self, name: str, data: bytes) -> None:
+        """Write the file `/NAME` outside every site folder (never part of a layer)."""
         ...

@@ -1,5 +1,5 @@
 """One container kept alive from an image, and the few operations everything else is built on:
-`call` (exec), `copy_out` / `copy_into` (one file, owner and mode kept). It is never
+`call` (exec; `start` for one that runs on beside the tool), `copy_out` / `copy_into` (one file, owner and mode kept). It is never
 committed: the new layer is taken from it as a tar (target.py `take_layer`).
 
 Use it as a context manager: the container is created and started on entry and force-removed
@@ -45,6 +45,35 @@ NEW_FILE = FileMeta(mode=0o644, uid=0, gid=0, uname="root", gname="root")
 
 class ExecutableMissing(Exception):
     """The keep-alive's interpreter is not in the image (the container was removed)."""
+
+
+class RunningCall:
+    """One exec started in the work container, read on a thread until it ends."""
+
+    def __init__(self, api: Any, exec_id: str, *, program: str, timeout: float, wrapped: bool) -> None:
+        self._api, self._exec_id, self._program = api, exec_id, program
+        self._timeout, self._wrapped = timeout, wrapped
+        self._box: dict[str, Any] = {}
+        self._worker = threading.Thread(target=self._read, daemon=True)
+        self._worker.start()
+
+    def _read(self) -> None:
+        try:
+            self._box["out"] = self._api.exec_start(self._exec_id, demux=True)
+        except BaseException as exc:  # surfaced in the calling thread
+            self._box["error"] = exc
+
+    def wait(self, timeout: float | None = None) -> RunResult:
+        """Its result; `timeout` (default: the one it was started with) counts from now."""
+        self._worker.join((self._timeout if timeout is None else timeout) + 15)
+        if self._worker.is_alive():
+            return RunResult(returncode=-9, stdout=b"", stderr=b"timed out (no `timeout` in the image)", timed_out=True)
+        if "error" in self._box:
+            raise EnvironmentProblem(f"running {self._program} in the container failed: {reason(self._box['error'])}")
+        stdout, stderr = self._box["out"] or (None, None)
+        code = self._api.exec_inspect(self._exec_id)["ExitCode"]
+        timed_out = self._wrapped and code in (124, 137)
+        return RunResult(returncode=code, stdout=stdout or b"", stderr=stderr or b"", timed_out=timed_out)
 
 
 class WorkContainer:
@@ -125,31 +154,18 @@ class WorkContainer:
     # --- the four operations --------------------------------------------------------------
     def call(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float) -> RunResult:
         """Run argv as root in the container, env for this exec only, stopped after `timeout`."""
+        return self.start(argv, env=env, timeout=timeout).wait()
+
+    def start(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float) -> RunningCall:
+        """`call`, but returning at once: the exec runs on while the caller does other work.
+        It ends with the container at the latest (removing it kills every process in it)."""
         api = self.container.client.api
         argv = list(argv)
         # `timeout` (coreutils/busybox) stops the process inside the container; the host-side
-        # wait below only guards against images without it.
+        # wait only guards against images without it.
         wrapped = ["timeout", "-k", "5", str(max(1, int(timeout))), *argv] if self._timeout_available() else argv
         exec_id = api.exec_create(self.container.id, wrapped, user="0", environment=dict(env or {}))["Id"]
-        box: dict[str, Any] = {}
-
-        def run() -> None:
-            try:
-                box["out"] = api.exec_start(exec_id, demux=True)
-            except BaseException as exc:  # surfaced in the calling thread
-                box["error"] = exc
-
-        worker = threading.Thread(target=run, daemon=True)
-        worker.start()
-        worker.join(timeout + 15)
-        if worker.is_alive():
-            return RunResult(returncode=-9, stdout=b"", stderr=b"timed out (no `timeout` in the image)", timed_out=True)
-        if "error" in box:
-            raise EnvironmentProblem(f"running {argv[0]} in the container failed: {reason(box['error'])}")
-        stdout, stderr = box["out"] or (None, None)
-        code = api.exec_inspect(exec_id)["ExitCode"]
-        timed_out = wrapped is not argv and code in (124, 137)
-        return RunResult(returncode=code, stdout=stdout or b"", stderr=stderr or b"", timed_out=timed_out)
+        return RunningCall(api, exec_id, program=argv[0], timeout=timeout, wrapped=wrapped is not argv)
 
     def copy_out(self, absolute: str) -> tuple[bytes, FileMeta] | None:
         """A regular file's bytes and owner/mode (None if it does not exist), extracted in

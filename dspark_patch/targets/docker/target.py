@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import BadInput, CheckFailed, DsparkPatchError, TargetNotFound, UnsafePatch
 from ...inside import source as inside_source
-from ..base import CommittedImage, Distribution, LayerEntry, RecordEntry, RunResult, TargetInfo
+from ..base import HANDSHAKE_PREFIX, CommittedImage, Distribution, LayerEntry, RecordEntry, RunResult, TargetInfo
 from . import commit as commits
 from . import interpreter
-from .container import NEW_FILE, ExecutableMissing, FileMeta, WorkContainer
+from .container import NEW_FILE, ExecutableMissing, FileMeta, RunningCall, WorkContainer
 from .engine import DockerEngine, ImageInfo
 from .reader import ImageReader
 from .transfer import PullCallback, PullPolicy
@@ -241,6 +241,20 @@ class ImageTarget:
     ) -> RunResult:
         python = self._dist.python if self._dist else self.container.python
         return self.container.call([python, "-B", "-c", source, *args], env=env, timeout=timeout)
+
+    def start_python(
+        self, source: str, args: Sequence[str] = (), *, env: Mapping[str, str] | None = None, timeout: float = 600.0,
+    ) -> RunningCall:
+        """`run_python`, returning at once (a probe started early, probe/prestart.py)."""
+        python = self._dist.python if self._dist else self.container.python
+        return self.container.start([python, "-B", "-c", source, *args], env=env, timeout=timeout)
+
+    def put_handshake(self, name: str, data: bytes) -> None:
+        """Write `/NAME` (a go-ahead for a process started early), outside every site folder.
+        The layer is taken of named paths only, so this file never reaches the image."""
+        if "/" in name or not name.startswith(HANDSHAKE_PREFIX):
+            raise ValueError(f"not a handshake file name: {name!r}")
+        self.container.copy_into(f"/{name}", data, NEW_FILE)
 
     # --- ImageCapable ---------------------------------------------------------------------
     def take_layer(self, paths: Sequence[str], deleted: Sequence[str] = ()) -> tuple[LayerEntry, ...]:
