@@ -57,7 +57,7 @@ def signed(reg, keys, tmp_path_factory):
     out = tmp_path_factory.mktemp("signed")
     res = run("apply", "--image", images.fixture_image(), "--tag", tag, "--push", "--sign-key", str(keys["ec"].private),
               "--report-dir", str(out), env={"DOCKER_CONFIG": str(config), "DSPARK_PATCH_SIGN_PASSPHRASE": "correct horse"})
-    yield tag, res, json.loads((out / "audit.json").read_text())
+    yield tag, res, json.loads((out / "audit.json").read_text()), out
     subprocess.run(["docker", "rmi", "--force", tag], capture_output=True, check=False)
 
 
@@ -91,7 +91,7 @@ def _pushed(audit: dict) -> tuple[str, str]:
 
 
 def test_apply_signs_and_attaches_the_statement_to_the_pushed_manifest(signed, keys, reg):
-    tag, res, audit = signed
+    tag, res, audit, out = signed
     assert res.returncode == 0, res.stderr
     repository, digest = _pushed(audit)
     (attached,) = audit["attestations"]
@@ -108,11 +108,14 @@ def test_apply_signs_and_attaches_the_statement_to_the_pushed_manifest(signed, k
     artifact = _skopeo_raw(f"{repository}@{attached['artifact']}")
     assert artifact["subject"]["digest"] == digest
     assert artifact["layers"][0]["mediaType"] == "application/vnd.dsse.envelope.v1+json"
+    # Every form of the report names it.
+    assert "### Signed attestations" in (out / "audit.md").read_text()
+    assert f'name="attestation: {repository}@{digest}"' in (out / "junit.xml").read_text()
 
 
 def test_securesystemslib_verifies_the_envelope_an_independent_client(signed, keys, reg):
     host = reg[0]
-    _, _, audit = signed
+    audit = signed[2]
     repository, digest = _pushed(audit)
     path = repository.removeprefix(host + "/")
     artifact = _skopeo_raw(f"{repository}@{audit['attestations'][0]['artifact']}")
@@ -129,23 +132,26 @@ def test_securesystemslib_verifies_the_envelope_an_independent_client(signed, ke
 
 def test_verify_attestation_passes_without_pulling_a_layer(signed, keys, reg, tmp_path):
     host, _, log = reg
-    tag, _, audit = signed
+    tag, audit = signed[0], signed[2]
     repository, digest = _pushed(audit)
     layers = [la["digest"] for la in _skopeo_raw(f"{repository}@{digest}")["layers"]]
     before_log = log.read_text(errors="replace")
-    before_images = subprocess.run(["docker", "images", "-q", "--no-trunc"], capture_output=True, text=True).stdout
     subprocess.run(["docker", "rmi", tag], capture_output=True, check=False)  # the engine cannot help itself
+    assert not _engine_has(audit["result_image"]["id"])
     res = run("verify", "--image", tag, "--attestation", "--key", str(keys["ec"].public), "--json",
               "--report-dir", str(tmp_path / "r"), env=_env(reg))
     assert res.returncode == 0, res.stderr
     (checked,) = res.json["attestations"]
     assert checked["state"] == "valid" and checked["subject"] == f"{repository}@{digest}"
-    # No layer of the image was read from the registry, and the engine got no image.
+    # No layer of the image was read from the registry, and the engine did not get the image.
     served = log.read_text(errors="replace")[len(before_log):]
     assert "/blobs/" in served  # the log does record blob reads: the envelope's
     assert not [d for d in layers if d in served]
-    after_images = subprocess.run(["docker", "images", "-q", "--no-trunc"], capture_output=True, text=True).stdout
-    assert set(after_images.split()) <= set(before_images.split())
+    assert not _engine_has(audit["result_image"]["id"]) and not _engine_has(tag)
+
+
+def _engine_has(ref: str) -> bool:
+    return subprocess.run(["docker", "image", "inspect", ref], capture_output=True, check=False).returncode == 0
 
 
 def _one_line(res, code: int = 1) -> str:
@@ -257,3 +263,71 @@ def test_verify_refuses_a_signed_statement_whose_predicate_says_failed(signed, k
     res = run("verify", "--image", victim, "--attestation", "--key", str(keys["ec"].public),
               "--report-dir", str(tmp_path / "r"), env=_env(reg))
     assert "predicate says failed" in _one_line(res)
+
+
+def test_status_with_a_key_shows_attested_yes_no_invalid_per_image(signed, keys, reg, tmp_path):
+    host, config, _ = reg
+    tag = signed[0]
+    subprocess.run(["docker", "--config", str(config), "pull", "--quiet", tag], capture_output=True, check=True)
+    bare = f"{host}/dspark-patch/bare-{uuid.uuid4().hex[:8]}:latest"
+    _copy(tag, bare)  # the same image under a name nobody attested
+    subprocess.run(["docker", "--config", str(config), "pull", "--quiet", bare], capture_output=True, check=True)
+    try:
+        res = run("status", "--image", tag, "--image", bare, "--key", str(keys["ec"].public), "--json",
+                  "--report-dir", str(tmp_path / "r"), env=_env(reg))
+        assert res.returncode == 0, res.stderr
+        rows = {row["ref"]: row for row in res.json["images"]}
+        assert rows[tag]["patch_sets"]["dspark-skip-mtp-buffer"] == "applied"
+        assert rows[tag]["attested"] == {"dspark-skip-mtp-buffer": "yes"}
+        assert rows[bare]["attested"] == {"dspark-skip-mtp-buffer": "no"}
+        assert "no referrer" in rows[bare]["attested_detail"][0]
+        assert "attested" in (tmp_path / "r" / "status.md").read_text()
+        assert "attested dspark-skip-mtp-buffer: yes" in (tmp_path / "r" / "junit.xml").read_text()
+        # Another team's key: the attestation there does not hold for it, which is a finding.
+        other = run("status", "--image", tag, "--key", str(keys["other"].public), "--json", env=_env(reg))
+        assert other.returncode == 1, other.stderr
+        (row,) = other.json["images"]
+        assert row["attested"] == {"dspark-skip-mtp-buffer": "invalid"} and "wrong key" in row["attested_detail"][0]
+    finally:
+        subprocess.run(["docker", "rmi", bare], capture_output=True, check=False)
+
+
+def test_the_fallback_tag_keeps_the_entries_other_tools_put_there(signed, keys, reg, victim, tmp_path):
+    host = reg[0]
+    registry = Registry(host)
+    repository = victim.rsplit(":", 1)[0]
+    subject = registry.fetch(victim)
+    # Another tool's referrer (an SBOM, say) is already listed, with the index's own annotations.
+    sbom = b'{"spdxVersion": "SPDX-2.3"}'
+    registry.push_blob(repository, sbom)
+    registry.push_blob(repository, referrers.EMPTY_BLOB)
+    theirs = referrers.artifact_manifest(subject=subject, envelope_digest=digest_of(sbom), envelope_size=len(sbom),
+                                         annotations={})
+    pushed, _ = registry.push_with_subject(f"{repository}@{digest_of(theirs)}", theirs, OCI_MANIFEST)
+    entry = {"mediaType": OCI_MANIFEST, "digest": pushed.digest, "size": len(theirs), "artifactType": "application/spdx+json"}
+    listing = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json", "manifests": [entry],
+               "annotations": {"org.example.owner": "sbom-tool"}}
+    tag = f"{repository}:{referrers.fallback_tag(subject.digest)}"
+    registry.push(tag, json.dumps(listing).encode(), "application/vnd.oci.image.index.v1+json")
+    done = referrers.attach(registry, repository, subject, _signed_envelope(host, signed[2]), {})
+    after = _skopeo_raw(tag)
+    assert [m["digest"] for m in after["manifests"]] == [pushed.digest, done.artifact]
+    assert after["manifests"][0] == entry and after["annotations"] == {"org.example.owner": "sbom-tool"}
+    res = run("verify", "--image", victim, "--attestation", "--key", str(keys["ec"].public),
+              "--report-dir", str(tmp_path / "r"), env=_env(reg))
+    assert res.returncode == 0, res.stderr
+
+
+def test_a_fallback_tag_that_holds_something_else_is_left_as_it_is(signed, reg, victim):
+    from dspark_patch.registry.index import RegistryRefused
+
+    host = reg[0]
+    registry = Registry(host)
+    repository = victim.rsplit(":", 1)[0]
+    subject = registry.fetch(victim)
+    tag = f"{repository}:{referrers.fallback_tag(subject.digest)}"
+    squatter = registry.push(tag, subject.body, subject.media_type)  # an image manifest, not an index
+    with pytest.raises(RegistryRefused, match="left as it is"):
+        referrers.attach(registry, repository, subject, _signed_envelope(host, signed[2]), {})
+    assert registry.fetch(tag).digest == squatter.digest  # not overwritten
+    assert registry.fetch(victim).digest == subject.digest  # the image keeps its tag
