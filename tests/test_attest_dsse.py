@@ -119,3 +119,32 @@ def test_a_registry_with_the_referrers_api_is_used_and_no_fallback_tag_is_writte
                       resolve(None))
         assert found.state == "invalid" and found.via == "referrers-api" and "not a dspark-patch audit" in found.detail
         assert digest_of(image) == subject.digest
+
+
+def test_hostile_referrers_are_refused_with_a_reason_never_a_crash(tmp_path):
+    """Artifacts anyone could push (the referrers list is a hint): odd shapes, wrong digests, a
+    huge claimed size, an envelope that is not one. Each is `invalid` with its reason."""
+    pair = make_key(tmp_path, "k")
+    with referrers_registry() as (host, store):
+        registry = Registry(host)
+        repository = f"{host}/team/image"
+        config = registry.push_blob(repository, b"{}")
+        image = json.dumps({"schemaVersion": 2, "mediaType": OCI_MANIFEST, "layers": [],
+                            "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": config, "size": 2}}).encode()
+        subject = registry.push(f"{repository}:1", image, OCI_MANIFEST)
+        described = {"mediaType": OCI_MANIFEST, "digest": subject.digest, "size": len(image)}
+        junk = registry.push_blob(repository, b"not an envelope")
+        shapes = [
+            {"layers": 5},
+            {"layers": [{"mediaType": referrers.ENVELOPE_MEDIA_TYPE, "digest": "../../etc/passwd", "size": 3}]},
+            {"layers": [{"mediaType": referrers.ENVELOPE_MEDIA_TYPE, "digest": junk, "size": 10**12}]},
+            {"layers": [{"mediaType": referrers.ENVELOPE_MEDIA_TYPE, "digest": junk, "size": 15}]},
+        ]
+        for i, extra in enumerate(shapes):
+            body = json.dumps({"schemaVersion": 2, "mediaType": OCI_MANIFEST, "artifactType": referrers.ARTIFACT_TYPE,
+                               "subject": described, "annotations": {"n": str(i)}, **extra}).encode()
+            registry.push(f"{repository}:{digest_of(body).replace(':', '-')[:40]}", body, OCI_MANIFEST)
+        found = check(registry, Subject(repository=repository, digest=subject.digest), load_verifier(pair.public),
+                      resolve(None))
+        assert found.state == "invalid" and "and 3 more invalid" in found.detail
+        assert "not a DSSE envelope" in found.detail  # the newest is looked at first

@@ -12,6 +12,7 @@ An attestation holds when, for the manifest `digest` in `repository`:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,11 @@ from dspark_patch.registry.index import OCI_MANIFEST, Registry
 from dspark_patch.report.audit_json import from_json_dict
 from dspark_patch.report.intoto import PREDICATE_TYPE, STATEMENT_TYPE
 from dspark_patch.report.model import AttestationReport, AuditReport
+
+_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+# The fallback tag's list is anyone's to write: look at no more than this many of our kind,
+# newest first, so a flooded list costs a bounded number of reads.
+MAX_CHECKED = 16
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,7 +50,7 @@ def check(registry: Registry, subject: Subject, verifier: Verifier, patchset: Pa
         return AttestationReport(subject=subject.ref, state="none", keyid=verifier.keyid, via=via,
                                  detail="no referrer: no signed attestation is attached to it")
     failures: list[AttestationReport] = []
-    for descriptor in ours:
+    for descriptor in list(reversed(ours))[:MAX_CHECKED]:
         artifact = str(descriptor.get("digest", ""))
         try:
             _check_one(registry, subject, artifact, verifier, patchset)
@@ -62,6 +68,8 @@ def check(registry: Registry, subject: Subject, verifier: Verifier, patchset: Pa
 
 
 def _check_one(registry: Registry, subject: Subject, artifact: str, verifier: Verifier, patchset: PatchSet) -> None:
+    if not _DIGEST.match(artifact):
+        raise AttestationInvalid(f"a referrer is listed with the digest {artifact[:80]!r}, which is not a sha256 digest")
     manifest = registry.fetch(f"{subject.repository}@{artifact}")  # checked against its digest there
     if manifest.media_type != OCI_MANIFEST:
         raise AttestationInvalid(f"the referrer {artifact[:19]} is a {manifest.media_type}, not an OCI artifact manifest")
@@ -70,14 +78,18 @@ def _check_one(registry: Registry, subject: Subject, artifact: str, verifier: Ve
     if named != subject.digest:
         raise AttestationInvalid(f"subject mismatch: the attestation {artifact[:19]} refers to {named}, "
                                  f"not {subject.digest}")
-    layers = [la for la in document.get("layers") or [] if isinstance(la, dict)
+    listed = document.get("layers")
+    layers = [la for la in (listed if isinstance(listed, list) else []) if isinstance(la, dict)
               and la.get("mediaType") == referrers.ENVELOPE_MEDIA_TYPE]
     if len(layers) != 1:
         raise AttestationInvalid(f"the attestation {artifact[:19]} does not hold exactly one DSSE envelope")
     size = layers[0].get("size")
     if not isinstance(size, int) or not 0 < size <= referrers.MAX_ENVELOPE_BYTES:
         raise AttestationInvalid(f"the attestation {artifact[:19]}'s envelope claims {size!r} bytes")
-    body = registry.fetch_blob(subject.ref, str(layers[0].get("digest")))
+    blob = str(layers[0].get("digest"))
+    if not _DIGEST.match(blob):
+        raise AttestationInvalid(f"the attestation {artifact[:19]}'s envelope has no sha256 digest")
+    body = registry.fetch_blob(subject.ref, blob)
     statement = open_envelope(body, verifier)
     _check_statement(statement, subject)
     _check_predicate(statement.get("predicate"), subject, patchset)
@@ -86,8 +98,9 @@ def _check_one(registry: Registry, subject: Subject, artifact: str, verifier: Ve
 def _check_statement(statement: dict[str, Any], subject: Subject) -> None:
     if statement.get("_type") != STATEMENT_TYPE or statement.get("predicateType") != PREDICATE_TYPE:
         raise AttestationInvalid(f"the signed statement is not a dspark-patch audit ({statement.get('predicateType')!r})")
-    hexes = [((s.get("digest") or {}).get("sha256") if isinstance(s, dict) else None)
-             for s in statement.get("subject") or []]
+    named = statement.get("subject")
+    hexes = [s["digest"].get("sha256") for s in (named if isinstance(named, list) else [])
+             if isinstance(s, dict) and isinstance(s.get("digest"), dict)]
     if subject.digest.removeprefix("sha256:") not in hexes:
         raise AttestationInvalid(f"subject mismatch: the signed statement does not name {subject.digest} "
                                  "(it was made for another image)")

@@ -23,6 +23,7 @@ from ..registry.platform import Platform, select
 from ..report.intoto import PREDICATE_TYPE, subjects, to_intoto
 from ..report.model import AttestationReport, AuditReport, StepReport, TargetReport
 from .image_steps import LABEL_PREFIX
+from .platforms import registry_host, repository_of
 from .runlog import RunLog, StepCallback
 
 
@@ -34,18 +35,12 @@ class AttestationRequest:
     platform: str | None = None  # for an index: which platforms (default: every one), plus the index
 
 
-def _repository(name: str) -> str:
-    name = name.split("@", 1)[0]
-    head, _, last = name.rpartition("/")
-    return f"{head}/{last.split(':', 1)[0]}" if head else last.split(":", 1)[0]
-
-
 def _host(ref: str, what: str) -> str:
-    first, sep, _ = ref.partition("/")
-    if sep and ("." in first or ":" in first or first == "localhost"):
-        return first
-    raise BadInput(f"{what} works on images in a registry; {ref} names no registry host",
-                   hint="name the image with its registry, e.g. registry.example:5000/vllm/vllm-openai:TAG")
+    host = registry_host(ref)
+    if host is None:
+        raise BadInput(f"{what} works on images in a registry; {ref} names no registry host",
+                       hint="name the image with its registry, e.g. registry.example:5000/vllm/vllm-openai:TAG")
+    return host
 
 
 def sign_and_attach(report: AuditReport, signer: Signer, on_step: StepCallback | None) -> AuditReport:
@@ -73,7 +68,7 @@ def sign_and_attach(report: AuditReport, signer: Signer, on_step: StepCallback |
     step("sign", start)
     annotations = _annotations(report)
     for name, digest in pushed:
-        repository = _repository(name)
+        repository = repository_of(name)
         start = time.monotonic()
         try:
             registry = Registry(_host(repository, "--sign-key"))
@@ -125,7 +120,7 @@ def verify_attestation(request: AttestationRequest, *, on_step: StepCallback | N
         with run.step("load key"):
             verifier = load_verifier(Path(request.key))
             patchset = resolve(request.patch)
-        repository = _repository(request.ref)
+        repository = repository_of(request.ref)
         with run.step("resolve"):
             registry = Registry(_host(request.ref, "verify --attestation"))
             manifest = registry.fetch(request.ref)

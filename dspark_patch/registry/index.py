@@ -262,7 +262,13 @@ class Registry:
         if container.digest and container.digest != digest:
             raise RegistryRefused(f"{reference}: asked for {container.digest}, got {digest}")
         media_type = answer.headers.get("Content-Type", "").split(";")[0].strip()
-        media_type = json.loads(body).get("mediaType", media_type)
+        try:
+            document = json.loads(body)
+        except ValueError:
+            raise RegistryRefused(f"{reference}: the registry served a manifest that is not JSON") from None
+        if not isinstance(document, dict):
+            raise RegistryRefused(f"{reference}: the registry served a manifest that is not a JSON object")
+        media_type = str(document.get("mediaType", media_type))
         return Manifest(reference=reference, media_type=media_type, digest=digest, body=body)
 
     def fetch_index(self, reference: str) -> ImageIndex | None:

@@ -99,7 +99,8 @@ def _read_fallback(registry: Registry, repository: str, digest: str) -> Manifest
 def _entries(index: Manifest | None) -> list[dict[str, Any]]:
     if index is None:
         return []
-    return [m for m in index.document().get("manifests") or [] if isinstance(m, dict)]
+    listed = index.document().get("manifests")
+    return [m for m in listed if isinstance(m, dict)] if isinstance(listed, list) else []
 
 
 def _add_to_fallback(registry: Registry, repository: str, subject: str, descriptor: dict[str, Any]) -> None:

@@ -13,21 +13,9 @@ from ..attest.check import Subject, check
 from ..attest.dsse import Verifier
 from ..errors import DsparkPatchError
 from ..patchset import PatchSet
+from ..pipeline.platforms import registry_host, repository_of
 from ..registry.index import Registry
 from ..report.status_model import AttestedState, ImageStatus
-
-
-def _registry_host(ref: str) -> str | None:
-    first, sep, _ = ref.partition("/")
-    if sep and ("." in first or ":" in first or first == "localhost"):
-        return first
-    return None
-
-
-def _repository(ref: str) -> str:
-    name = ref.split("@", 1)[0]
-    head, _, last = name.rpartition("/")
-    return f"{head}/{last.split(':', 1)[0]}" if head else last.split(":", 1)[0]
 
 
 def with_attestations(row: ImageStatus, verifier: Verifier, patchsets: dict[str, PatchSet],
@@ -35,7 +23,7 @@ def with_attestations(row: ImageStatus, verifier: Verifier, patchsets: dict[str,
     applied = [pid for pid, state in row.patch_sets if state == "applied" and pid in patchsets]
     if row.error or not applied:
         return row
-    host = _registry_host(row.ref)
+    host = registry_host(row.ref)
     if host is None:
         return replace(row, attested=tuple((pid, "no") for pid in applied),
                        attested_detail=(f"{row.ref} names no registry, so no attestation can be attached to it",))
@@ -43,7 +31,7 @@ def with_attestations(row: ImageStatus, verifier: Verifier, patchsets: dict[str,
     details: list[str] = []
     try:
         registry = registries.get(host) or registries.setdefault(host, Registry(host))
-        subject = Subject(repository=_repository(row.ref), digest=registry.fetch(row.ref).digest)
+        subject = Subject(repository=repository_of(row.ref), digest=registry.fetch(row.ref).digest)
     except DsparkPatchError as exc:
         return replace(row, attested=tuple((pid, "no") for pid in applied),
                        attested_detail=(f"the registry was not read: {exc.line()}",))
