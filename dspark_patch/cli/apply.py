@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from .. import pipeline
+from ..errors import BadInput
 from . import common, output
 
 
@@ -30,15 +32,19 @@ def apply(
     tag: Annotated[str | None, typer.Option("--tag", help="Name the patched image (--image only). For an index: the new index; each platform image is tagged TAG-OS-ARCH[-VARIANT].")] = None,
     force: Annotated[bool, typer.Option("--force", help="Move an existing --tag to the new image.")] = False,
     push: Annotated[bool, typer.Option("--push", help="Push --tag through the engine after committing. For an index: every platform image, then the new index (only if every platform passed).")] = False,
+    sign_key: Annotated[Path | None, typer.Option("--sign-key", help="With --push: sign the in-toto statement with this private key (PEM, PKCS#8, ECDSA P-256 or Ed25519; passphrase from DSPARK_PATCH_SIGN_PASSPHRASE) and attach it to each pushed manifest in the registry.")] = None,
     report_dir: common.ReportDirOpt = None,
     junit: common.JunitOpt = None,
     as_json: common.JsonOpt = False,
 ) -> None:
     """Apply the patch with zero fuzz, byte-compile, probe, and (for an image) commit one new layer."""
+    if sign_key is not None and not push:
+        raise BadInput("--sign-key attaches the attestation to the pushed image, so it needs --push (and --tag)")
     request = pipeline.ApplyRequest(
         target=common.target_spec(root, image, python, pull=pull, tag=tag, force=force, push=push, platform=platform),
         patch=patch, strip=strip, dry_run=dry_run, compile=not no_compile, probe=not no_probe,
         allow_unknown_base=allow_unknown_base, allow_unreviewed=allow_unreviewed,
+        sign_key=str(sign_key) if sign_key else None,
     )
     with output.pull_display() as pulls:
         report = pipeline.apply(request, on_step=output.step_printer(not as_json), on_pull=pulls)

@@ -120,6 +120,9 @@ def summary(report: AuditReport, report_dir: Path | None) -> None:
         rows.append(("layer", f"{len(report.layer.changes)} changes" + ("" if report.layer.ok else f", {len(report.layer.unexpected)} unexpected")))
     if report.result_image:
         rows.append(("result image", f"{report.result_image.ref} ({report.result_image.id[:19]})"))
+    for a in report.attestations:
+        rows.append(("attestation", f"{a.state} {a.subject} (key {a.keyid[:16]}, {a.via or 'no listing'})"
+                     + (f": {a.detail}" if a.detail else "")))
     for note in report.notes:
         rows.append(("note", note))
     if report_dir is not None:

@@ -40,6 +40,7 @@ def status(
     as_json: common.JsonOpt = False,
     report_dir: Annotated[Path | None, typer.Option("--report-dir", help="Write status.json, status.md and junit.xml here.")] = None,
     junit: common.JunitOpt = None,
+    key: Annotated[Path | None, typer.Option("--key", help="A public key (PEM): also show, per applied patch set, whether a valid attestation signed with it is attached to the image in its registry (attested: yes/no/invalid; invalid is a finding).")] = None,
 ) -> None:
     """Read-only audit of many images: vLLM release, each patch set's state, files changed or added by hand.
 
@@ -57,7 +58,8 @@ def status(
     roots = tuple(str(r) for r in root or ())
     if not refs and not roots:
         raise BadInput("give at least one --image REF, --images-from FILE or --root DIR", hint="see dspark-patch status --help")
-    request = StatusRequest(images=refs, roots=roots, platform=platform, pull=pull, jobs=jobs, via=via)  # type: ignore[arg-type]
+    request = StatusRequest(images=refs, roots=roots, platform=platform, pull=pull, jobs=jobs, via=via,  # type: ignore[arg-type]
+                            key=str(key) if key else None)
     fleet = run_status(request, on_progress=_progress(not as_json))
     _write(fleet, report_dir, junit)
     if as_json:
@@ -98,17 +100,19 @@ def _progress(enabled: bool):
 def _table(fleet: FleetStatus) -> None:
     ids = fleet.patch_set_ids
     table = Table(title=f"dspark-patch status: {len(fleet.images)} image(s) in {fleet.seconds:.1f}s", title_justify="left")
-    for column in ("image", "vLLM", "python", *ids, "unexplained", "missing", "added"):
+    keyed = any(i.attested for i in fleet.images)
+    for column in ("image", "vLLM", "python", *ids, "unexplained", "missing", "added", *(["attested"] if keyed else [])):
         table.add_column(column, overflow="fold")
     for image in fleet.images:
         if image.error:
-            table.add_row(image.ref, "[yellow]not read[/]", *([""] * (len(ids) + 4)))
+            table.add_row(image.ref, "[yellow]not read[/]", *([""] * (len(ids) + 4 + keyed)))
             continue
         states = dict(image.patch_sets)
         table.add_row(
             image.ref, image.release or "", image.python or "",
             *(f"[{_STATE_STYLE[states[i]]}]{states[i]}[/]" if i in states else "" for i in ids),
             *(f"[red]{len(x)}[/]" if x else "0" for x in (image.unexplained, image.missing, image.added)),
+            *([", ".join(f"{pid}: {s}" for pid, s in image.attested) or "–"] if keyed else []),
         )
     _out.print(table)
     for image in fleet.images:
@@ -117,6 +121,8 @@ def _table(fleet: FleetStatus) -> None:
         for label, paths in (("unexplained", image.unexplained), ("missing", image.missing), ("added", image.added)):
             for path in paths:
                 _out.print(f"{image.ref}: {label}: {path}", markup=False)
+        for detail in image.attested_detail:
+            _out.print(f"{image.ref}: attestation: {detail}", markup=False)
 
 
 def _write(fleet: FleetStatus, report_dir: Path | None, junit: Path | None) -> None:

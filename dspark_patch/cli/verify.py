@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Annotated
+
 import typer
 
 from .. import pipeline
+from ..errors import BadInput
 from . import common, output
 
 
@@ -22,11 +26,22 @@ def verify(
     python: common.PythonOpt = None,
     platform: common.PlatformOpt = None,
     no_probe: common.NoProbeOpt = False,
+    attestation: Annotated[bool, typer.Option("--attestation", help="Check the signed attestation attached to the image in its registry instead (needs --key): signature, subject digest, statement, predicate. Reads manifests and the envelope only; pulls no layer. For an index: the index and every platform (or --platform).")] = False,
+    key: Annotated[Path | None, typer.Option("--key", help="With --attestation: the public key (PEM) the attestation must be signed with.")] = None,
     report_dir: common.ReportDirOpt = None,
     junit: common.JunitOpt = None,
     as_json: common.JsonOpt = False,
 ) -> None:
     """Prove a tree or image carries exactly the patch: post-images, bytecode, RECORD, labels, probe."""
+    if attestation or key is not None:
+        if not attestation or key is None:
+            raise BadInput("--attestation and --key go together: check the attestation signed by that public key")
+        if image is None or root is not None:
+            raise BadInput("--attestation checks an image in a registry: give --image HOST[:PORT]/REPO:TAG, not --root")
+        checked = pipeline.verify_attestation(pipeline.AttestationRequest(
+            ref=image, key=str(key), patch=patch, platform=common.platform_request(platform)),
+            on_step=output.step_printer(not as_json))
+        common.finish(checked, report_dir=report_dir, as_json=as_json, junit=junit)
     request = pipeline.VerifyRequest(target=common.target_spec(root, image, python, pull=pull, platform=platform), patch=patch, strip=strip,
                                      probe=not no_probe)
     with output.pull_display() as pulls:

@@ -6,6 +6,7 @@ image index; `steps` the steps every target shares;
 """
 
 from ..targets.base import PullCallback
+from .attestation import AttestationRequest, verify_attestation
 from .image_steps import LABEL_PREFIX
 
 # The entry points dispatch an image index to `platforms`; anything else runs `commands` as is.
@@ -14,6 +15,6 @@ from .requests import ApplyRequest, ImageSpec, LocalSpec, ProbeRequest, PullPoli
 from .runlog import StepCallback
 
 __all__ = [
-    "LABEL_PREFIX", "ApplyRequest", "ImageSpec", "LocalSpec", "ProbeRequest", "PullCallback", "PullPolicy",
-    "StepCallback", "TargetSpec", "VerifyRequest", "apply", "probe", "verify",
+    "LABEL_PREFIX", "ApplyRequest", "AttestationRequest", "ImageSpec", "LocalSpec", "ProbeRequest", "PullCallback", "PullPolicy",
+    "StepCallback", "TargetSpec", "VerifyRequest", "apply", "probe", "verify", "verify_attestation",
 ]

@@ -36,7 +36,20 @@ Single = Callable[..., AuditReport]
 
 def apply(request: ApplyRequest, *, on_step: StepCallback | None = None,
           on_pull: PullCallback | None = None) -> AuditReport:
-    return _dispatch("apply", request, partial(commands.apply, on_pull=on_pull), on_step)
+    if request.sign_key is None:
+        return _dispatch("apply", request, partial(commands.apply, on_pull=on_pull), on_step)
+    from pathlib import Path
+
+    from ..attest.dsse import load_signer
+    from .attestation import sign_and_attach
+    from .runlog import target_report
+
+    try:  # a key that cannot sign stops the run before any work
+        signer = load_signer(Path(request.sign_key))
+    except DsparkPatchError as exc:
+        return RunLog.start("apply", target_report(request.target), on_step).report("failed", exc)
+    report = _dispatch("apply", request, partial(commands.apply, on_pull=on_pull), on_step)
+    return sign_and_attach(report, signer, on_step)
 
 
 def verify(request: VerifyRequest, *, on_step: StepCallback | None = None,

@@ -40,6 +40,9 @@ class ApplyRequest:
     probe: bool = True
     allow_unknown_base: bool = False
     allow_unreviewed: bool = False
+    # A private key (PEM): after the push, the in-toto statement is signed with it (DSSE) and
+    # attached to each pushed manifest in the registry (pipeline/attestation.py).
+    sign_key: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -352,6 +352,46 @@ class Registry:
             raise RegistryRefused(f"{reference}: the registry stored {served}, not {digest}")
         return Manifest(reference=reference, media_type=media_type, digest=digest, body=body)
 
+    def push_with_subject(self, reference: str, body: bytes, media_type: str) -> tuple[Manifest, bool]:
+        """Put a manifest that names a `subject`; also says whether the registry acknowledged the
+        subject (the OCI-Subject header of a registry with the referrers API). Without it the
+        client keeps the fallback tag (registry/referrers.py)."""
+        container = self._container(reference)
+        url = f"{self._prefix}://{container.manifest_url()}"
+        doing = f"pushing {reference}"
+        answer, said = self._request(url, "PUT", doing, limit=MANIFEST_LIMIT, data=body,
+                                     headers={"Content-Type": media_type})
+        self._check(answer, said, doing)
+        digest = digest_of(body)
+        served = answer.headers.get("Docker-Content-Digest")
+        if served and served != digest:
+            raise RegistryRefused(f"{reference}: the registry stored {served}, not {digest}")
+        subject = json.loads(body).get("subject") or {}
+        acknowledged = bool(answer.headers.get("OCI-Subject")) and answer.headers.get("OCI-Subject") == subject.get("digest")
+        return Manifest(reference=reference, media_type=media_type, digest=digest, body=body), acknowledged
+
+    def referrers(self, repository: str, digest: str) -> list[dict[str, Any]] | None:
+        """The descriptors the referrers API lists for `digest`; None when the registry has no
+        referrers API (a 404 for the endpoint, as distribution 2.8 answers), so the caller reads
+        the fallback tag instead."""
+        container = self._container(f"{repository}@{digest}")
+        url = f"{self._prefix}://{container.registry}/v2/{container.api_prefix}/referrers/{digest}"
+        doing = f"listing the referrers of {repository}@{digest}"
+        answer, body = self._request(url, "GET", doing, limit=MANIFEST_LIMIT, headers={"Accept": OCI_INDEX})
+        if answer.status_code == 404:
+            return None
+        self._check(answer, body, doing)
+        try:
+            document = json.loads(body)
+        except ValueError:
+            raise RegistryRefused(f"{self.host}: the referrers of {digest} are not JSON") from None
+        if not isinstance(document, dict) or document.get("mediaType", OCI_INDEX) != OCI_INDEX:
+            raise RegistryRefused(f"{self.host}: the referrers of {digest} are not an OCI index")
+        listed = document.get("manifests") or []
+        if not isinstance(listed, list):
+            raise RegistryRefused(f"{self.host}: the referrers of {digest} are not an OCI index")
+        return [d for d in listed if isinstance(d, dict)]
+
     def fetch_blob(self, reference: str, digest: str) -> bytes:
         """A blob (an image config, say) of the repository `reference` is in, checked by digest."""
         container = self._container(_repo(reference.split("@")[0]))

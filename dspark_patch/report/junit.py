@@ -25,6 +25,7 @@ _SHOWN_BY: dict[str, frozenset[str]] = {
     "layer-mismatch": frozenset({"layer"}),
     "hash-mismatch": frozenset({"pre-image", "post-image"}),
     "verify-mismatch": frozenset({"post-image", "integrity", "bytecode", "labels", "compile"}),
+    "attestation-invalid": frozenset({"attestation"}),
 }
 
 # XML 1.0 cannot carry control characters or lone surrogates (a probe's terminal colours, a
@@ -207,6 +208,7 @@ def check_cases(report: AuditReport) -> list[CheckCase]:
     else:
         cases.append(CheckCase(group="probe", name="probe", outcome="skipped", message=p.detail or "probe not run"))
 
+    cases += attestation_cases(report)
     failed_groups = {c.group for c in cases if c.outcome == "failed"}
     for e in report.errors:
         if _SHOWN_BY.get(e.kind, frozenset()) & failed_groups:
@@ -221,6 +223,15 @@ def check_cases(report: AuditReport) -> list[CheckCase]:
             )
         )
     return cases
+
+
+def attestation_cases(report: AuditReport) -> list[CheckCase]:
+    """One case per signed attestation attached (apply --sign-key) or checked (verify --attestation)."""
+    return [CheckCase(group="attestation", name=f"attestation: {a.subject}",
+                      outcome="passed" if a.state in ("attached", "valid") else "failed", message=a.detail,
+                      detail=f"{a.state}; key {a.keyid}; artifact {a.artifact or '-'} via {a.via or '-'}"
+                      + (f"\n{a.detail}" if a.detail else ""))
+            for a in report.attestations]
 
 
 def _suite(root: ET.Element, report: AuditReport, name: str, cases: list[CheckCase]) -> dict[str, int]:
@@ -262,6 +273,7 @@ def _index_cases(report: AuditReport) -> list[CheckCase]:
     if index is not None and index.result_digest:
         cases.append(CheckCase(group="index", name=f"index: published {index.result_ref}", outcome="passed",
                                detail=index.result_digest))
+    cases += attestation_cases(report)
     shown = {e.message for p in report.platforms for e in p.report.errors}
     for e in report.errors:
         if any(message in e.message for message in shown):

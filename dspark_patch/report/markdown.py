@@ -123,8 +123,18 @@ def _index_markdown(report: AuditReport) -> str:
     return "\n".join(lines)
 
 
+def _attestations(report: AuditReport) -> list[str]:
+    if not report.attestations:
+        return []
+    lines = ["### Signed attestations", "", "| | manifest | state | key | artifact | via | detail |",
+             "|---|---|---|---|---|---|---|"]
+    lines += [f"| {_mark(a.state in ('attached', 'valid'))} | {_code(a.subject)} | {a.state} | {_code(a.keyid[:16])} | "
+              f"{_code(a.artifact)} | {a.via or '—'} | {_cell(a.detail) or '—'} |" for a in report.attestations]
+    return [*lines, ""]
+
+
 def _steps_and_notes(report: AuditReport, steps_title: str) -> list[str]:
-    lines: list[str] = []
+    lines: list[str] = _attestations(report)
     if report.steps:
         lines += [steps_title, "", "| step | status | seconds | detail |", "|---|---|---:|---|"]
         lines += [f"| {_cell(s.name)} | {s.status} | {s.seconds:.2f} | {_cell(s.detail)} |" for s in report.steps]

@@ -188,6 +188,22 @@ class PlatformReport:
     result_manifest: str | None = None  # sha256:... of the pushed patched image
 
 
+AttestationState = Literal["attached", "valid", "none", "invalid"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttestationReport:
+    """A signed attestation in the registry, for one manifest: attached by `apply --sign-key`, or
+    looked for by `verify --attestation` (valid, none found, or invalid and why)."""
+
+    subject: str                    # repo@sha256:... of the image manifest or index it is about
+    state: AttestationState
+    keyid: str                      # sha256 (hex) of the public key's DER SubjectPublicKeyInfo
+    artifact: str | None = None     # sha256:... of the attestation artifact's manifest
+    via: Literal["referrers-api", "fallback-tag"] | None = None
+    detail: str = ""                # why it is invalid or missing; empty when it holds
+
+
 @dataclass(frozen=True, kw_only=True)
 class AuditReport:
     # Field order is audit.json's key order: the verdict, the target, the patch, the evidence.
@@ -212,6 +228,8 @@ class AuditReport:
     # the fields above then describe no single image, and the verdict is the whole run's.
     index: IndexReport | None = None
     platforms: tuple[PlatformReport, ...] = ()
+    # Signed attestations attached (`apply --sign-key`) or checked (`verify --attestation`).
+    attestations: tuple[AttestationReport, ...] = ()
     steps: tuple[StepReport, ...] = ()
     errors: tuple[ErrorReport, ...] = ()
     notes: tuple[str, ...] = ()

@@ -13,6 +13,9 @@ STATUS_SCHEMA = "dspark-patch/status/v1"
 # applied: every file is its post-image; absent: every file is its pre-image; partial: some of
 # each; drifted: a file is neither; not-applicable: the patch set has no variant for the release.
 PatchSetState = Literal["applied", "absent", "partial", "drifted", "not-applicable"]
+# With `status --key`, per applied patch set: yes, a valid signed attestation is attached to the
+# image's manifest in its registry; no, none is; invalid, one is but it does not hold (a finding).
+AttestedState = Literal["yes", "no", "invalid"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -28,12 +31,15 @@ class ImageStatus:
     missing: tuple[str, ...] = ()         # listed in RECORD, not there
     added: tuple[str, ...] = ()           # not in RECORD (rule: inside/integrity.py `added_files`)
     error: str | None = None              # why the image could not be read (the row's only content then)
+    attested: tuple[tuple[str, AttestedState], ...] = ()  # with --key: per applied patch set
+    attested_detail: tuple[str, ...] = ()  # why an attestation is missing or invalid, one line each
     exit_code: int = 0                    # 0 clean, 1 findings or no vLLM, 2 bad reference, 3 engine
 
     @property
     def findings(self) -> bool:
         return bool(self.unexplained or self.missing or self.added) or any(
-            state in ("partial", "drifted") for _, state in self.patch_sets)
+            state in ("partial", "drifted") for _, state in self.patch_sets) or any(
+            state == "invalid" for _, state in self.attested)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -21,6 +21,7 @@ def _row(image: ImageStatus) -> dict[str, Any]:
         "python": image.python, "location": image.location, "patch_sets": dict(image.patch_sets),
         "unexplained": list(image.unexplained), "missing": list(image.missing), "added": list(image.added),
         "error": image.error, "exit_code": image.exit_code,
+        "attested": dict(image.attested), "attested_detail": list(image.attested_detail),
     }
 
 
@@ -46,20 +47,25 @@ def _cell(text: str) -> str:
 def to_status_markdown(fleet: FleetStatus) -> str:
     ids = fleet.patch_set_ids
     mark = {0: "✅", 1: "❌", 2: "⚠️", 3: "⚠️"}
+    keyed = any(i.attested for i in fleet.images)
     lines = ["## dspark-patch status", "",
              f"{len(fleet.images)} image(s), exit code {fleet.exit_code}, {fleet.seconds:.1f}s.", "",
-             "| | image | vLLM | python | " + " | ".join(f"`{i}`" for i in ids) + " | unexplained | missing | added |",
-             "|---|---|---|---|" + "---|" * len(ids) + "---|---|---|"]
+             "| | image | vLLM | python | " + " | ".join(f"`{i}`" for i in ids) + " | unexplained | missing | added |"
+             + (" attested |" if keyed else ""),
+             "|---|---|---|---|" + "---|" * len(ids) + "---|---|---|" + ("---|" if keyed else "")]
     for image in fleet.images:
         states = dict(image.patch_sets)
+        attested = ", ".join(f"{pid}: {state}" for pid, state in image.attested) or "–"
         lines.append(f"| {mark[image.exit_code]} | `{_cell(image.ref)}` | {image.release or '–'} | {image.python or '–'} | "
                      + " | ".join(states.get(i, "–") for i in ids)
-                     + f" | {len(image.unexplained)} | {len(image.missing)} | {len(image.added)} |")
+                     + f" | {len(image.unexplained)} | {len(image.missing)} | {len(image.added)} |"
+                     + (f" {_cell(attested)} |" if keyed else ""))
     for image in fleet.images:
-        if image.error or image.unexplained or image.missing or image.added:
+        if image.error or image.unexplained or image.missing or image.added or image.attested_detail:
             lines += ["", f"### `{_cell(image.ref)}`", ""]
             if image.error:
                 lines.append(f"not read: {_cell(image.error)}")
+            lines += [f"- attestation: {_cell(d)}" for d in image.attested_detail]
             for label, paths in (("unexplained", image.unexplained), ("missing", image.missing), ("added", image.added)):
                 if paths:
                     lines += [f"{label}:", *(f"- `{p}`" for p in paths)]
@@ -79,6 +85,8 @@ def to_status_junit(fleet: FleetStatus) -> str:
         detail += [f"unexplained: {p}" for p in image.unexplained]
         detail += [f"missing: {p}" for p in image.missing]
         detail += [f"added: {p}" for p in image.added]
+        detail += [f"attested {pid}: {state}" for pid, state in image.attested]
+        detail += [f"attestation: {d}" for d in image.attested_detail]
         if image.exit_code == 0:
             ET.SubElement(case, "system-out").text = "\n".join(detail)
             continue
@@ -87,6 +95,7 @@ def to_status_junit(fleet: FleetStatus) -> str:
             message = image.error
         else:
             bad = [f"{pid} {s}" for pid, s in image.patch_sets if s in ("partial", "drifted")]
+            bad += [f"{pid} attestation invalid" for pid, s in image.attested if s == "invalid"]
             message = "; ".join([*bad, *(f"{len(x)} {name}" for name, x in (
                 ("unexplained", image.unexplained), ("missing", image.missing), ("added", image.added)) if x)])
         ET.SubElement(case, tag, message=message).text = "\n".join(detail)

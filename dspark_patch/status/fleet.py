@@ -40,6 +40,7 @@ class StatusRequest:
     pull: PullPolicy = "never"
     jobs: int = 4
     via: Via = "auto"
+    key: str | None = None   # a public key (PEM): also report each applied patch set's attestation
 
 
 def read_refs_file(path: Path) -> tuple[str, ...]:
@@ -83,6 +84,11 @@ def status(request: StatusRequest, *, on_progress: ProgressCallback | None = Non
     started = datetime.now(UTC)
     clock = time.monotonic()
     patchsets = [p for p in available() if not p.is_bare]
+    verifier = None
+    if request.key is not None:  # a bad key is bad input before any image is read
+        from ..attest.dsse import load_verifier
+
+        verifier = load_verifier(Path(request.key))
     progress = on_progress or (lambda ref, event, row: None)
     rows: dict[str, ImageStatus] = {}
 
@@ -98,6 +104,13 @@ def status(request: StatusRequest, *, on_progress: ProgressCallback | None = Non
 
     if request.images:
         rows.update(_read_images(request, patchsets, progress))
+    if verifier is not None:
+        from .attested import with_attestations
+
+        by_id = {p.id: p for p in patchsets if p.id}
+        registries: dict = {}
+        for ref in request.images:
+            rows[ref] = with_attestations(rows[ref], verifier, by_id, registries)
     order = [*request.roots, *request.images]
     return FleetStatus(images=tuple(rows[ref] for ref in dict.fromkeys(order)), tool_version=__version__,
                        started_at=started.isoformat(timespec="seconds").replace("+00:00", "Z"),
