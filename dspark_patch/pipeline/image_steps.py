@@ -42,8 +42,12 @@ def take_layer(target: ImageCapable, dist: Distribution, plan: PatchPlan, pyc_be
                         for e in entries)
         planned = {f"{dist.location}/{fp.path}": fp.post_sha256 for fp in plan.files if fp.post is not None}
         expected = expected_layer(plan, dist)
+        # A whiteout only for a file the plan deletes (or its bytecode): one of a folder above a
+        # patched file (the whole dist-packages) would hide far more than the patch (issue 16, class 10).
+        removals = {f"{dist.location}/{path}" for path in deleted}
         unexpected = tuple(c for c, e in zip(changes, entries, strict=True)
-                           if c.path not in expected or (c.path in planned and e.sha256 != planned[c.path]))
+                           if c.path not in expected or (c.path in planned and e.sha256 != planned[c.path])
+                           or (e.deleted and c.path not in removals) or (not e.deleted and c.path in removals))
         run.update(layer=LayerReport(ok=not unexpected, changes=changes, unexpected=unexpected))
         if unexpected:
             shown = ", ".join(f"{c.kind} {c.path}" for c in unexpected[:5])
