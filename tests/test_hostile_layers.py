@@ -411,3 +411,28 @@ def test_hostile_images_through_the_engine_and_the_cli(trees: dict[str, Path], t
     finally:
         for tag in tags.values():
             subprocess.run(["docker", "rmi", "-f", tag, f"{tag}-patched"], capture_output=True, check=False)
+
+
+@pytest.mark.parametrize("gone", [SITE, f"{SITE}/vllm", "usr/local/lib/python3.11"])
+def test_the_new_layers_check_refuses_a_whiteout_of_a_folder_above_a_patched_file(trees: dict[str, Path], gone: str) -> None:
+    from dspark_patch.engine.diff import parse_diff
+    from dspark_patch.engine.plan import plan_patch
+    from dspark_patch.pipeline.image_steps import layer_changes
+    from dspark_patch.targets.base import Distribution
+    from dspark_patch.targets.docker.target import layer_entries
+
+    patchset = next(p for p in PATCHSETS if p.id == PATCH_ID)
+    variant = patchset.variant_for("0.33.0")
+    clean = trees["clean"]
+    plan = plan_patch(parse_diff(variant.diff, strip=patchset.strip),
+                      lambda p: (clean / p).read_bytes() if (clean / p).is_file() else None)
+    dist = Distribution(name="vllm", version="0.33.0", location=f"/{SITE}", python="/usr/bin/python3",
+                        python_version="3.11.2", cache_tag="cpython-311", record_file=None, record=())
+    folders = sorted({"/".join(f"{SITE}/{fp.path}".split("/")[:i]) for fp in plan.files
+                      for i in range(1, f"{SITE}/{fp.path}".count("/") + 1)})
+    honest: list[hostile.Member] = [*(Dir(f) for f in folders),
+                                    *(File(f"{SITE}/{fp.path}", fp.post or b"") for fp in plan.files if fp.post is not None)]
+    _, unexpected = layer_changes(plan, dist, layer_entries(hostile.layer(honest)), [], {})
+    assert unexpected == ()
+    changes, unexpected = layer_changes(plan, dist, layer_entries(hostile.layer([*honest, Whiteout(gone)])), [], {})
+    assert [(c.kind, c.path) for c in unexpected] == [("D", f"/{gone}")]
