@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import io
 import json
+import secrets
 import subprocess
 import sys
 import tarfile
@@ -362,36 +363,37 @@ def test_the_new_layers_check_refuses_differentials_and_opaque_folders(trees: di
 
 
 # --- through the real engine ---------------------------------------------------------------------
-def _load(layers: Sequence[bytes], tag: str) -> str | None:
-    archive, image_id = hostile.save_archive(list(layers), config=CONFIG, tag=tag)
+def _load(layers: Sequence[bytes | str], tag: str, config: dict = CONFIG) -> str | None:
+    archive, image_id = hostile.save_archive(list(layers), config=config, tag=tag)
     loaded = hostile.docker_load(archive)
     return image_id if loaded.returncode == 0 else None
 
 
+def _status_rows(via: str, refs: Sequence[str]) -> tuple[int, dict[str, dict]]:
+    res = run("status", "--via", via, *(a for r in refs for a in ("--image", r)), "--json")
+    assert "Traceback" not in res.stderr, res.stderr
+    return res.returncode, {row["ref"]: row for row in json.loads(res.stdout)["images"]}
+
+
 @pytest.mark.docker
-def test_hostile_images_through_the_engine_and_the_cli(trees: dict[str, Path], tmp_path: Path) -> None:
-    """Loaded into the real engine: `status` on both routes gives no false verdict, `verify`
-    exits 1, `apply` refuses and tags nothing. The images are never started."""
+def test_hostile_images_made_by_hand_through_the_engine_and_the_cli(trees: dict[str, Path], tmp_path: Path) -> None:
+    """Small images whose python never runs, loaded into the real engine: `status` on both routes
+    gives no false verdict; `apply` refuses with one line and tags nothing."""
     base = [python_layer(), site_layer(trees["patched"])]
-    cases = {
-        "honest": base,
-        "link-over-site": [*base, hostile.layer([Dir("opt"), Dir("opt/elsewhere"), Link("usr/local/lib/python3.11",
-                                                                                          "/opt/elsewhere")])],
+    cases: dict[str, list[bytes | str]] = {
+        "honest": list(base),
+        "link-over-site": [*base, hostile.layer([Dir("opt"), Dir("opt/elsewhere"),
+                                                 Link("usr/local/lib/python3.11", "/opt/elsewhere")])],
         "link-over-models": [*base, hostile.layer([Link(f"{SITE}/vllm/models", "/opt")])],
         "decoy": [python_layer(), site_layer(trees["clean"]),
                   site_layer(trees["patched"], "usr/local/lib/python3.14/site-packages")],
     }
     tags = {name: f"127.0.0.1:9/dspark-patch-test/hostile-{name}:1" for name in cases}
-    loaded = {}
     try:
         for name, layers in cases.items():
-            loaded[name] = _load(layers, tags[name])
-            assert loaded[name] is not None, f"the engine refused {name}"
-        refs = [tags[n] for n in cases]
+            assert _load(layers, tags[name]) is not None, f"the engine refused {name}"
         for via in ("layers", "container"):
-            res = run("status", "--via", via, *(a for r in refs for a in ("--image", r)), "--json")
-            assert "Traceback" not in res.stderr, res.stderr
-            rows = {row["ref"]: row for row in json.loads(res.stdout)["images"]}
+            code, rows = _status_rows(via, list(tags.values()))
             honest = rows[tags["honest"]]
             assert (honest["error"], honest["patch_sets"].get(PATCH_ID)) == (None, "applied"), (via, honest)
             for name in ("link-over-site", "link-over-models"):
@@ -399,11 +401,8 @@ def test_hostile_images_through_the_engine_and_the_cli(trees: dict[str, Path], t
                 assert row["error"] is not None and row["exit_code"] == 1, (via, name, row)
             decoy = rows[tags["decoy"]]
             assert (decoy["error"], decoy["patch_sets"].get(PATCH_ID)) == (None, "absent"), (via, decoy)
-            assert res.returncode == 1
+            assert code == 1
         for name in ("link-over-site", "link-over-models", "decoy"):
-            res = run("verify", "--image", tags[name], "--pull", "never", "--no-probe",
-                      "--report-dir", str(tmp_path / f"v-{name}"))
-            assert res.returncode == 1, (name, res.returncode, res.stderr[-500:])
             res = run("apply", "--image", tags[name], "--tag", f"{tags[name]}-patched", "--pull", "never", "--no-probe",
                       "--report-dir", str(tmp_path / f"a-{name}"))
             assert res.returncode != 0 and "Traceback" not in res.stderr, (name, res.stderr[-500:])
@@ -411,6 +410,51 @@ def test_hostile_images_through_the_engine_and_the_cli(trees: dict[str, Path], t
     finally:
         for tag in tags.values():
             subprocess.run(["docker", "rmi", "-f", tag, f"{tag}-patched"], capture_output=True, check=False)
+
+
+def _inspect(ref: str) -> dict:
+    return json.loads(subprocess.run(["docker", "image", "inspect", ref], capture_output=True, check=True).stdout)[0]
+
+
+@pytest.mark.docker
+def test_hostile_layers_over_a_really_patched_image_fail_status_and_verify(trees: dict[str, Path], tmp_path: Path) -> None:
+    """The real attack: the image `apply` made (its labels kept, so it claims the patch), plus one
+    hand-written layer. The engine runs it; `status` must not say `applied` and clean, `verify`
+    (which runs the image's own python) exits 1."""
+    from tests.support import images
+
+    fixture = images.fixture_image()
+    patched = f"127.0.0.1:9/dspark-patch-test/hostile-patched:{secrets.token_hex(4)}"
+    res = run("apply", "--image", fixture, "--tag", patched, "--pull", "never", "--no-probe",
+              "--report-dir", str(tmp_path / "apply"))
+    assert res.returncode == 0, res.stderr[-800:]
+    info = _inspect(patched)
+    lower = list(info["RootFS"]["Layers"])
+    config = {k: v for k, v in info["Config"].items() if v not in (None, "", [], {})}
+    # The fixture's own layers (unpatched vLLM at python3.11) with the patched files at python3.14.
+    decoy_site = "usr/local/lib/python3.14/site-packages"
+    cases: dict[str, list[bytes | str]] = {
+        "models-link": [*lower, hostile.layer([Link(f"{SITE}/vllm/models", "/opt")])],
+        "decoy": [*_inspect(fixture)["RootFS"]["Layers"], site_layer(trees["patched"], decoy_site)],
+    }
+    tags = {name: f"127.0.0.1:9/dspark-patch-test/hostile-real-{name}:1" for name in cases}
+    try:
+        for name, layers in cases.items():
+            assert _load(layers, tags[name], config) is not None, f"the engine refused {name}"
+        for via in ("layers", "container"):
+            _, rows = _status_rows(via, [patched, *tags.values()])
+            assert (rows[patched]["error"], rows[patched]["patch_sets"].get(PATCH_ID)) == (None, "applied"), rows[patched]
+            link = rows[tags["models-link"]]
+            assert link["error"] is not None and "symlink" in link["error"] and link["exit_code"] == 1, (via, link)
+            decoy = rows[tags["decoy"]]
+            assert (decoy["error"], decoy["patch_sets"].get(PATCH_ID), decoy["location"]) == (None, "absent", f"/{SITE}"), decoy
+        for name, tag in tags.items():
+            res = run("verify", "--image", tag, "--pull", "never", "--no-probe", "--report-dir", str(tmp_path / f"v-{name}"))
+            assert res.returncode == 1 and "Traceback" not in res.stderr, (name, res.returncode, res.stderr[-800:])
+            assert "OK: verified" not in res.stdout + res.stderr
+    finally:
+        for tag in [*tags.values(), patched]:
+            subprocess.run(["docker", "rmi", "-f", tag], capture_output=True, check=False)
 
 
 @pytest.mark.parametrize("gone", [SITE, f"{SITE}/vllm", "usr/local/lib/python3.11"])
