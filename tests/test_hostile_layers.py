@@ -7,9 +7,11 @@ Each image is a real vLLM 0.33.0 tree (patched with the real patch set, so the h
 Routes: the reader alone (`scan_layer` + `merge`, the layer route), a `docker save` archive
 written by hand (`views_from_save`, the save route), and, where the engine loads the archive,
 the real engine through the CLI (`status --via layers` and `--via container`, `verify`, `apply`).
-The tar differentials (class 2) and `../` names (class 6) are checked on the reader and the save
-route only: dockerd 20.10 refuses to load most of them, and what it loads it loads its own way,
-which is the point of refusing them.
+Of the tar differentials (class 2), dockerd 20.10 loads five (`ENGINE_LOADS`: they also go
+through the engine and the CLI) and refuses four (non-octal devmajor, sparse, an unknown type, a
+lone zero block: checked on the reader and the save route only). `../` and other unclean names
+(class 6) are checked on the reader and the save route only (tarfile writes them; moby refuses
+them, containerd clamps them).
 """
 
 from __future__ import annotations
@@ -410,6 +412,34 @@ def test_hostile_images_made_by_hand_through_the_engine_and_the_cli(trees: dict[
     finally:
         for tag in tags.values():
             subprocess.run(["docker", "rmi", "-f", tag, f"{tag}-patched"], capture_output=True, check=False)
+
+
+ENGINE_LOADS = ["v7 prefix", "size with leading NUL", "global pax path", "pax path and gnu long name", "star trailer"]
+
+
+@pytest.mark.docker
+def test_differentials_the_engine_loads_are_refused_on_the_layer_route(trees: dict[str, Path]) -> None:
+    """dockerd 20.10 loads these five (it refuses non-octal devmajor, sparse, unknown types and a
+    lone zero block): the layer route refuses them naming the layer; the container route reads
+    what the engine actually unpacked, and neither says `applied` and clean."""
+    base = [python_layer(), site_layer(trees["clean"])]
+    tops = {case: hostile.layer([Raw(_differentials(trees)[case])]) for case in ENGINE_LOADS}
+    tags = {case: f"127.0.0.1:9/dspark-patch-test/hostile-tar:{i}" for i, case in enumerate(ENGINE_LOADS)}
+    try:
+        for case, top in tops.items():
+            assert _load([*base, top], tags[case]) is not None, f"the engine no longer loads {case}"
+        _, by_layers = _status_rows("layers", list(tags.values()))
+        _, by_container = _status_rows("container", list(tags.values()))
+        for case, tag in tags.items():
+            row = by_layers[tag]
+            assert row["error"] is not None and hostile.diff_id(tops[case])[7:19] in row["error"], (case, row)
+            assert row["exit_code"] == 1
+            other = by_container[tag]
+            assert other["error"] is not None or other["patch_sets"].get(PATCH_ID) != "applied" or (
+                other["unexplained"] or other["missing"] or other["added"]), (case, other)
+    finally:
+        for tag in tags.values():
+            subprocess.run(["docker", "rmi", "-f", tag], capture_output=True, check=False)
 
 
 def _inspect(ref: str) -> dict:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import base64
 import gzip
+import hashlib
 import io
 import json
 import posixpath
@@ -292,7 +293,11 @@ def views_from_save(stream: BinaryIO, image_ids: Sequence[str], distribution: st
             try:
                 layers[member.name] = scan_layer(fh, where=where, keep=keep)
             except HostileLayer as exc:
-                layers[member.name] = exc
+                # Name the layer by its digest (what `docker inspect` lists), known once all of it is read.
+                digest = data.drain()
+                kind = "blob" if head[:2] == b"\x1f\x8b" else "layer"
+                layers[member.name] = HostileLayer(exc.message.replace(where, f"{kind} {digest} of the image"),
+                                                   hint=exc.hint)
             except (OSError, EOFError, zlib.error) as exc:
                 layers[member.name] = HostileLayer(f"{where}: cannot be decompressed ({exc})")
     except (HostileLayer, ValueError) as exc:
@@ -325,8 +330,20 @@ class _Member(io.RawIOBase):
     """The current member of a `TarStream` as a file object, with a peek at its start."""
 
     def __init__(self, stream: TarStream) -> None:
-        self._chunks = stream.chunks()
+        self._chunks = self._hashed(stream.chunks())
         self._buffer = b""
+        self._sha256 = hashlib.sha256()
+
+    def _hashed(self, chunks: Iterator[bytes]) -> Iterator[bytes]:
+        for chunk in chunks:
+            self._sha256.update(chunk)
+            yield chunk
+
+    def drain(self) -> str:
+        """Read the rest; the digest of the whole member."""
+        for _ in self._chunks:
+            pass
+        return "sha256:" + self._sha256.hexdigest()
 
     def peek(self, n: int) -> bytes:
         while len(self._buffer) < n:
