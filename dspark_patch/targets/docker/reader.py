@@ -8,13 +8,14 @@ every path. Nothing else changes on the engine: no image, no tag, no container i
 Design, from measurements on the ~2 GB fixture (vLLM 877 MB + torch 754 MB in one site
 folder), on a loaded 2-core machine (`bench/status_fleet.py` prints the current figures):
 - Finding the site folder: `HEAD /containers/ID/archive` returns only the path-stat header,
-  a few ms per path. Candidates: the site folders of every `…/bin` on the image's PATH and of
-  VIRTUAL_ENV, then common prefixes (/usr/local, /usr, /opt/conda, /opt/venv …) over
-  python3.6 … 3.14. First the `lib/python3.X` folders, then their site/dist-packages.
+  a few ms per path. The site folder is the one the image's interpreters import from
+  (targets/sitepath.py: the interpreters `apply` finds, their sys.path derived from prefix and
+  version), the same rule as the layer route; the old sweep of the usual prefixes over
+  python3.6 … 3.14 only names a copy that no interpreter imports.
 - Reading: the archive API cannot list a folder without sending all of it, and the check
   needs (a) every byte of the distribution's own folders (RECORD integrity) and (b) the
   site folder's top-level names and every distribution's RECORD (unlisted `.pth` files).
-  One tar stream of the site folder, parsed as it arrives (`tarfile` mode "r|"), hashing
+  One tar stream of the site folder, parsed as it arrives by the strict layer reader, hashing
   only the distribution's members and keeping only top-level names and RECORDs, serves both
   in one round trip. Streaming the vLLM folder alone costs about half (it is half the bytes),
   but then (b) would need the same full stream again.
