@@ -284,7 +284,7 @@ def test_a_module_file_that_shadows_the_package_is_refused(trees: dict[str, Path
 # --- class 6: member names that are not clean ---------------------------------------------------
 @pytest.mark.parametrize("route", ROUTES)
 @pytest.mark.parametrize("name", ["{site}/vllm/../vllm/{rel}", "/{site}/{rel}", "./{site}/./{rel}", "{site}//{rel}",
-                                  "{site}/vllm\\..\\{rel}", "../{site}/{rel}"])
+                                  "../{site}/{rel}", "{site}/vllm/./{rel}"])
 def test_a_member_name_that_is_not_clean_is_refused(trees: dict[str, Path], route: str, name: str) -> None:
     path, data = _patched_member(trees)
     rel = path.removeprefix(SITE + "/")
@@ -294,6 +294,16 @@ def test_a_member_name_that_is_not_clean_is_refused(trees: dict[str, Path], rout
     row = ROUTES[route]([python_layer(), site_layer(trees["clean"]), top])
     assert_no_false_verdict(row)
     assert row.error is not None and "member" in row.error, row
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_a_backslash_is_an_ordinary_character_not_a_path_separator(trees: dict[str, Path], route: str) -> None:
+    # As on every Linux engine: `vllm\..\vllm` is one odd folder name, not vLLM's folder.
+    path, data = _patched_member(trees)
+    rel = path.removeprefix(SITE + "/")
+    top = hostile.layer([Dir(f"{SITE}/vllm\\..\\vllm"), File(f"{SITE}/vllm\\..\\{rel}", data)])
+    row = ROUTES[route]([python_layer(), site_layer(trees["clean"]), top])
+    assert verdict(row) == (None, "absent", False), row
 
 
 # --- class 9: bounded memory and time -----------------------------------------------------------

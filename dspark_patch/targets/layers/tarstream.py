@@ -20,8 +20,8 @@ The rules (docs/status.md, "The layer reader"):
 - type flags: regular (`0`, `\\0`), hard link, symlink, char, block, folder, FIFO; extensions `x`
   (PAX, one per member, not with `L`/`K`), `L`, `K` (one each); global PAX (`g`), sparse (`S`,
   `GNU.sparse.*`), `hdrcharset`, contiguous (`7`) and unknown flags are refused;
-- names: UTF-8-safe, relative, no empty, `.` or `..` component (one leading `./` allowed), no
-  backslash, no NUL; a trailing `/` only on folders;
+- names: relative, no empty, `.` or `..` component (one leading `./` allowed), no NUL (a
+  backslash is an ordinary character, as on every Linux engine); a trailing `/` only on folders;
 - caps: members, PAX record size, name length (`Limits`).
 Memory is one header and one chunk at a time; data is streamed to the caller or skipped.
 """
@@ -323,8 +323,10 @@ class TarStream:
             if kind != "dir":
                 raise self.refuse(f"a {kind} at the root folder itself")
             return ""
-        if path.startswith("/") or "\\" in path or "\0" in path:
-            raise self.refuse("a name that is absolute or holds a backslash or NUL")
+        # A backslash is an ordinary character to every Linux engine (systemd's unit names hold
+        # `\x2d`), so it is kept as one; only what engines clean or join differently is refused.
+        if path.startswith("/") or "\0" in path:
+            raise self.refuse("a name that is absolute or holds a NUL")
         parts = path.split("/")
         if any(p in ("", ".", "..") for p in parts):
             raise self.refuse("a name with an empty, '.' or '..' component (engines clean such names differently)")
