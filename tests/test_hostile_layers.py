@@ -266,7 +266,7 @@ def test_a_decoy_site_folder_of_a_python_that_is_not_there_is_not_the_answer(tre
     decoy = "usr/local/lib/python3.14/site-packages"
     both = ROUTES[route]([python_layer(), site_layer(trees["clean"]), site_layer(trees["patched"], decoy)])
     assert verdict(both) == (None, "absent", False), both
-    assert both.location == f"/{SITE}"
+    assert both.location == f"/{SITE}" and both.unimported == (f"/{decoy}",)
     alone = ROUTES[route]([python_layer(), site_layer(trees["patched"], decoy)])
     assert_no_false_verdict(alone, says="imported by no interpreter")
     assert f"/{decoy}" in (alone.error or "")
@@ -413,6 +413,8 @@ def test_hostile_images_made_by_hand_through_the_engine_and_the_cli(trees: dict[
                 assert row["error"] is not None and row["exit_code"] == 1, (via, name, row)
             decoy = rows[tags["decoy"]]
             assert (decoy["error"], decoy["patch_sets"].get(PATCH_ID)) == (None, "absent"), (via, decoy)
+            assert decoy["unimported"] == ["/usr/local/lib/python3.14/site-packages"], (via, decoy)
+            assert honest["unimported"] == []
             assert code == 1
         for name in ("link-over-site", "link-over-models", "decoy"):
             res = run("apply", "--image", tags[name], "--tag", f"{tags[name]}-patched", "--pull", "never", "--no-probe",

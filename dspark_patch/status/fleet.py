@@ -66,7 +66,7 @@ def row_from_site(ref: str, site: SiteFiles, patchsets: Sequence[PatchSet], **ex
     found = assess(site, patchsets)
     row = ImageStatus(ref=ref, location=site.location, release=site.release, python=site.python,
                       patch_sets=found.patch_sets, unexplained=found.unexplained, missing=found.missing,
-                      added=found.added, **extra)  # type: ignore[arg-type]
+                      added=found.added, unimported=site.unimported, **extra)  # type: ignore[arg-type]
     return replace(row, exit_code=1 if row.findings else 0)
 
 

@@ -129,7 +129,8 @@ def find_site(view: LayerView, distribution: str, config: Mapping[str, Any], ref
         raise TargetNotFound(f"{site}/{_normalize(distribution)} in image {ref} has no {distribution} dist-info "
                              "(METADATA, RECORD)",
                              hint="the package was not installed as a distribution; nothing to check it against")
-    return found if found.python else replace(found, python=chosen.python)
+    others = tuple(s for s in everywhere(view, distribution) if view.resolve(s) != view.resolve(site))
+    return replace(found, python=found.python or chosen.python, unimported=others)
 
 
 def site_files(view: LayerView, distribution: str, site: str) -> SiteFiles | None:

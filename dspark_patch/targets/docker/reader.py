@@ -214,7 +214,8 @@ class ImageReader:
         paths = interpreter_sites(self._config, self.stat, read_head, self.read_small)
         chosen, site = choose_site(self.ref, distribution, paths, holds, everywhere)
         found = self._read(site, distribution)
-        return found if found.python else replace(found, python=chosen.python)
+        others = tuple(s for s in everywhere() if s != site)
+        return replace(found, python=found.python or chosen.python, unimported=others)
 
     def _read(self, site: str, distribution: str) -> SiteFiles:
         # A site folder reached through a link is read where the link leads (dockerd's stat gives
