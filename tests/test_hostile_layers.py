@@ -475,9 +475,15 @@ def test_hostile_layers_over_a_really_patched_image_fail_status_and_verify(trees
     config = {k: v for k, v in info["Config"].items() if v not in (None, "", [], {})}
     # The fixture's own layers (unpatched vLLM at python3.11) with the patched files at python3.14.
     decoy_site = "usr/local/lib/python3.14/site-packages"
+    # A size field with a leading NUL: tarfile reads 0 and takes the data for a second header (the
+    # patched file); the engine writes the whole data (that header and the bytes) into the file.
+    path, data = _patched_member(trees)
+    inner = hostile.raw_header(path.encode(), size=len(data)) + data + bytes(-len(data) % 512)
+    hidden = hostile.raw_header(path.encode(), fields={"size": b"\0" + b"%010o\0" % len(inner)}) + inner
     cases: dict[str, list[bytes | str]] = {
         "models-link": [*lower, hostile.layer([Link(f"{SITE}/vllm/models", "/opt")])],
         "decoy": [*_inspect(fixture)["RootFS"]["Layers"], site_layer(trees["patched"], decoy_site)],
+        "hidden-header": [*lower, hostile.layer([Raw(hidden)])],
     }
     tags = {name: f"127.0.0.1:9/dspark-patch-test/hostile-real-{name}:1" for name in cases}
     try:
@@ -490,6 +496,11 @@ def test_hostile_layers_over_a_really_patched_image_fail_status_and_verify(trees
             assert link["error"] is not None and "symlink" in link["error"] and link["exit_code"] == 1, (via, link)
             decoy = rows[tags["decoy"]]
             assert (decoy["error"], decoy["patch_sets"].get(PATCH_ID), decoy["location"]) == (None, "absent", f"/{SITE}"), decoy
+            hid = rows[tags["hidden-header"]]
+            if via == "layers":  # refused, naming the layer
+                assert hid["error"] is not None and "not plain octal" in hid["error"] and hid["exit_code"] == 1, hid
+            else:  # what the engine wrote: not the post-image
+                assert hid["error"] is None and hid["patch_sets"][PATCH_ID] != "applied", hid
         for name, tag in tags.items():
             res = run("verify", "--image", tag, "--pull", "never", "--no-probe", "--report-dir", str(tmp_path / f"v-{name}"))
             assert res.returncode == 1 and "Traceback" not in res.stderr, (name, res.returncode, res.stderr[-800:])
