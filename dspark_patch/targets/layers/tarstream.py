@@ -217,10 +217,10 @@ class TarStream:
     def _header(self, block: bytes) -> tuple[bytes, str, str, int, int]:
         self._current = _text(block[0:100].split(b"\0", 1)[0])
         stored = self._number(block[148:156], "checksum")
-        unsigned = sum(block[:148]) + 8 * 32 + sum(block[156:])
-        signed = sum(b - 256 if b > 127 else b for b in block[:148]) + 8 * 32 + sum(
-            b - 256 if b > 127 else b for b in block[156:])
-        if stored not in (unsigned, signed):
+        unsigned = sum(block) - sum(block[148:156]) + 8 * 32
+        # Both readers also take the sum of signed bytes (old writers); computed only when needed.
+        if stored != unsigned and stored != unsigned - 256 * sum(
+                1 for b in block[:148] + block[156:] if b > 127):
             raise self.refuse("a header checksum that does not match (not a tar header)")
         magic, version = block[257:263], block[263:265]
         flag = block[156:157]
