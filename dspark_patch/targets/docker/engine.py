@@ -43,13 +43,18 @@ class ContainerState:
     exit_code: int | None         # None while it runs
 
 
+ENGINE_TIMEOUT_S = 300
+
+
 class DockerEngine:
     """A connection to one Docker engine, with the few operations the tool needs."""
 
     def __init__(self, client: docker.DockerClient | None = None) -> None:
         self.host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
         try:
-            self.client = client or docker.from_env()
+            # The SDK's default is 60 s a request; an engine busy saving or loading gigabytes
+            # for other clients can take longer to answer a removal or an inspect.
+            self.client = client or docker.from_env(timeout=ENGINE_TIMEOUT_S)
             self.client.ping()
         except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
             raise EngineUnreachable(
