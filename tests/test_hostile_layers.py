@@ -533,3 +533,15 @@ def test_the_new_layers_check_refuses_a_whiteout_of_a_folder_above_a_patched_fil
     assert unexpected == ()
     changes, unexpected = layer_changes(plan, dist, layer_entries(hostile.layer([*honest, Whiteout(gone)])), [], {})
     assert [(c.kind, c.path) for c in unexpected] == [("D", f"/{gone}")]
+
+
+def test_a_header_summed_as_signed_bytes_is_read_like_tarfile_and_go_read_it() -> None:
+    # Old writers summed signed bytes; both readers accept either sum, so the reader does too.
+    block = bytearray(hostile.raw_header("é.py".encode(), size=0))
+    block[148:156] = b" " * 8
+    signed = sum(b - 256 if b > 127 else b for b in block)
+    block[148:156] = b"%06o\0 " % signed
+    scan = scan_layer(io.BytesIO(bytes(block) + bytes(1024)), where="layer L", keep=lambda p, k: "name")
+    assert list(scan.entries) == ["é.py"]
+    with tarfile.open(fileobj=io.BytesIO(bytes(block) + bytes(1024)), mode="r|") as tar:
+        assert [m.name for m in tar] == ["é.py"]
