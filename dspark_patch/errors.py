@@ -68,6 +68,20 @@ class LayerMismatch(CheckFailed):
     kind = "layer-mismatch"
 
 
+class HostileLayer(CheckFailed):
+    """A layer (or the engine's tar of a folder) that two tar readers, or an engine and this tool,
+    could unpack differently: it is refused, never read into a verdict."""
+
+    kind = "hostile-layer"
+
+
+class UnreadableLayout(CheckFailed):
+    """The image's files are where a read without running it cannot follow them (a symlink over
+    vLLM's folders, a vLLM no interpreter of the image imports): nothing is said about them."""
+
+    kind = "unreadable-layout"
+
+
 class EvaluationFailed(CheckFailed):
     kind = "evaluation-failed"
 

@@ -113,10 +113,13 @@ def test_unreachable_engine_is_exit_3_and_bad_flags_are_exit_2(tmp_path: Path) -
 
 
 # --- pure pieces: layer stacking, states without a variant, missing files ----------------------
-def _layer(files: dict[str, bytes | None], indexer) -> dict:
-    """A layer tar in memory: bytes for a file, None for a whiteout of that path."""
+def _layer(files: dict[str, bytes | None]):
+    """A layer tar in memory, scanned: bytes for a file, None for a whiteout of that path."""
     import io
     import tarfile
+
+    from dspark_patch.targets.layerfs import status_keep
+    from dspark_patch.targets.layers import scan_layer
 
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
@@ -126,28 +129,26 @@ def _layer(files: dict[str, bytes | None], indexer) -> dict:
             info.size = len(data or b"")
             tar.addfile(info, io.BytesIO(data or b""))
     buffer.seek(0)
-    with tarfile.open(fileobj=buffer, mode="r|") as tar:
-        return indexer.index(tar)
+    return scan_layer(buffer, where="a test layer", keep=status_keep("vllm"))
 
 
 def test_layers_stack_the_oci_way_and_give_the_same_site_files_as_the_folder(tmp_path: Path) -> None:
-    from dspark_patch.targets.layerfs import LayerIndexer, merge, site_files
+    from dspark_patch.targets.layerfs import merge_scans, site_files
     from dspark_patch.targets.localview import read_site
 
     tree = vllm.tree_copy("0.33.0", tmp_path / "site-packages")
     site = "usr/local/lib/python3.11/dist-packages"
     info = "vllm-0.33.0.dist-info"
-    indexer = LayerIndexer("vllm")
     base = _layer({f"{site}/{info}/{n}": (tree / info / n).read_bytes() for n in ("METADATA", "RECORD")}
                   | {f"{site}/{ENVS}": (tree / ENVS).read_bytes(), f"{site}/vllm/gone.py": b"x\n",
-                     f"{site}/old.pth": b"import os\n"}, indexer)
-    top = _layer({f"{site}/vllm/gone.py": None, f"{site}/old.pth": None, f"{site}/new.pth": b"import os\n"}, indexer)
-    found = site_files(merge([base, top]), "vllm", prefer=[])
+                     f"{site}/old.pth": b"import os\n"})
+    top = _layer({f"{site}/vllm/gone.py": None, f"{site}/old.pth": None, f"{site}/new.pth": b"import os\n"})
+    found = site_files(merge_scans([base, top]), "vllm", "/" + site)
     assert found is not None and (found.location, found.release, found.python) == (f"/{site}", "0.33.0", "3.11")
     assert set(found.hashes) == {ENVS, f"{info}/METADATA", f"{info}/RECORD"}
     assert found.hashes[ENVS] == read_site(tree, "vllm").hashes[ENVS]
     assert found.top_level == ("new.pth",)
-    assert site_files(merge([top]), "vllm", prefer=[]) is None  # no vLLM in that layer alone
+    assert site_files(merge_scans([top]), "vllm", "/" + site) is None  # no vLLM in that layer alone
 
 
 def test_a_release_without_a_variant_is_not_applicable_and_a_deleted_file_is_missing(tmp_path: Path) -> None:

@@ -118,7 +118,8 @@ def _table(fleet: FleetStatus) -> None:
     for image in fleet.images:
         if image.error:
             _out.print(f"{image.ref}: not read: {image.error}", markup=False)
-        for label, paths in (("unexplained", image.unexplained), ("missing", image.missing), ("added", image.added)):
+        for label, paths in (("unexplained", image.unexplained), ("missing", image.missing), ("added", image.added),
+                             ("vLLM no interpreter imports (not read)", image.unimported)):
             for path in paths:
                 _out.print(f"{image.ref}: {label}: {path}", markup=False)
         for detail in image.attested_detail:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import replace
 
 from .. import __version__
@@ -12,7 +13,7 @@ from ..engine.plan import FilePlan, PatchPlan
 from ..errors import LayerMismatch
 from ..patchset import PatchSet, Variant
 from ..report.model import ImageRef, LayerChange, LayerReport
-from ..targets.base import Distribution, ImageCapable
+from ..targets.base import Distribution, ImageCapable, LayerEntry
 from .requests import ImageSpec
 from .runlog import RunLog
 from .steps import bytecode_paths
@@ -34,16 +35,7 @@ def take_layer(target: ImageCapable, dist: Distribution, plan: PatchPlan, pyc_be
         # A deleted module's bytecode goes with it (a whiteout for a path the image lacks is harmless).
         deleted = [fp.path for fp in gone] + bytecode_paths(_only(plan, gone), dist)
         entries = target.take_layer([fp.path for fp in kept] + bytecode, deleted)
-        new = {f"{dist.location}/{fp.path}" for fp in plan.files if fp.pre is None}
-        new |= {f"{dist.location}/{pyc}" for pyc, old in pyc_before.items() if old is None}
-        # A file is "A" when the image had none there; folders are listed as "C" (they are in
-        # the layer as the image has them, owner and mode kept).
-        changes = tuple(LayerChange(kind="D" if e.deleted else "A" if e.path in new else "C", path=e.path)
-                        for e in entries)
-        planned = {f"{dist.location}/{fp.path}": fp.post_sha256 for fp in plan.files if fp.post is not None}
-        expected = expected_layer(plan, dist)
-        unexpected = tuple(c for c, e in zip(changes, entries, strict=True)
-                           if c.path not in expected or (c.path in planned and e.sha256 != planned[c.path]))
+        changes, unexpected = layer_changes(plan, dist, entries, deleted, pyc_before)
         run.update(layer=LayerReport(ok=not unexpected, changes=changes, unexpected=unexpected))
         if unexpected:
             shown = ", ".join(f"{c.kind} {c.path}" for c in unexpected[:5])
@@ -51,6 +43,26 @@ def take_layer(target: ImageCapable, dist: Distribution, plan: PatchPlan, pyc_be
                 f"the new layer would differ from the patched files: {shown}",
                 hint="nothing was committed; report this as a bug with the audit report",
             )
+
+
+def layer_changes(plan: PatchPlan, dist: Distribution, entries: Sequence[LayerEntry], deleted: Sequence[str],
+                  pyc_before: dict[str, bytes | None]) -> tuple[tuple[LayerChange, ...], tuple[LayerChange, ...]]:
+    """The layer's changes as the report lists them, and those the plan does not explain."""
+    new = {f"{dist.location}/{fp.path}" for fp in plan.files if fp.pre is None}
+    new |= {f"{dist.location}/{pyc}" for pyc, old in pyc_before.items() if old is None}
+    # A file is "A" when the image had none there; folders are listed as "C" (they are in
+    # the layer as the image has them, owner and mode kept).
+    changes = tuple(LayerChange(kind="D" if e.deleted else "A" if e.path in new else "C", path=e.path)
+                    for e in entries)
+    planned = {f"{dist.location}/{fp.path}": fp.post_sha256 for fp in plan.files if fp.post is not None}
+    expected = expected_layer(plan, dist)
+    # A whiteout only for a file the plan deletes (or its bytecode): one of a folder above a
+    # patched file (the whole dist-packages) would hide far more than the patch (issue 16, class 10).
+    removals = {f"{dist.location}/{path}" for path in deleted}
+    unexpected = tuple(c for c, e in zip(changes, entries, strict=True)
+                       if c.path not in expected or (c.path in planned and e.sha256 != planned[c.path])
+                       or (e.deleted and c.path not in removals) or (not e.deleted and c.path in removals))
+    return changes, unexpected
 
 
 def commit_image(spec: ImageSpec, target: ImageCapable, plan: PatchPlan, patchset: PatchSet, variant: Variant, run: RunLog) -> None:

@@ -30,6 +30,7 @@ class ImageStatus:
     unexplained: tuple[str, ...] = ()     # differ from RECORD, no known patch set's post-image explains them
     missing: tuple[str, ...] = ()         # listed in RECORD, not there
     added: tuple[str, ...] = ()           # not in RECORD (rule: inside/integrity.py `added_files`)
+    unimported: tuple[str, ...] = ()      # other site folders with vLLM that no interpreter imports (not read)
     error: str | None = None              # why the image could not be read (the row's only content then)
     attested: tuple[tuple[str, AttestedState], ...] = ()  # with --key: per applied patch set
     attested_detail: tuple[str, ...] = ()  # why an attestation is missing or invalid, one line each

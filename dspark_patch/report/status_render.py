@@ -20,7 +20,7 @@ def _row(image: ImageStatus) -> dict[str, Any]:
         "ref": image.ref, "id": image.id, "platform": image.platform, "release": image.release,
         "python": image.python, "location": image.location, "patch_sets": dict(image.patch_sets),
         "unexplained": list(image.unexplained), "missing": list(image.missing), "added": list(image.added),
-        "error": image.error, "exit_code": image.exit_code,
+        "unimported": list(image.unimported), "error": image.error, "exit_code": image.exit_code,
         "attested": dict(image.attested), "attested_detail": list(image.attested_detail),
     }
 
@@ -61,12 +61,13 @@ def to_status_markdown(fleet: FleetStatus) -> str:
                      + f" | {len(image.unexplained)} | {len(image.missing)} | {len(image.added)} |"
                      + (f" {_cell(attested)} |" if keyed else ""))
     for image in fleet.images:
-        if image.error or image.unexplained or image.missing or image.added or image.attested_detail:
+        if image.error or image.unexplained or image.missing or image.added or image.attested_detail or image.unimported:
             lines += ["", f"### `{_cell(image.ref)}`", ""]
             if image.error:
                 lines.append(f"not read: {_cell(image.error)}")
             lines += [f"- attestation: {_cell(d)}" for d in image.attested_detail]
-            for label, paths in (("unexplained", image.unexplained), ("missing", image.missing), ("added", image.added)):
+            for label, paths in (("unexplained", image.unexplained), ("missing", image.missing), ("added", image.added),
+                                 ("vLLM no interpreter imports (not read)", image.unimported)):
                 if paths:
                     lines += [f"{label}:", *(f"- `{p}`" for p in paths)]
     return "\n".join(lines) + "\n"
@@ -87,6 +88,7 @@ def to_status_junit(fleet: FleetStatus) -> str:
         detail += [f"added: {p}" for p in image.added]
         detail += [f"attested {pid}: {state}" for pid, state in image.attested]
         detail += [f"attestation: {d}" for d in image.attested_detail]
+        detail += [f"imported by no interpreter (not read): {p}" for p in image.unimported]
         if image.exit_code == 0:
             ET.SubElement(case, "system-out").text = "\n".join(detail)
             continue

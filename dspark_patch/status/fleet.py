@@ -68,7 +68,7 @@ def row_from_site(ref: str, site: SiteFiles, patchsets: Sequence[PatchSet], **ex
     found = assess(site, patchsets)
     row = ImageStatus(ref=ref, location=site.location, release=site.release, python=site.python,
                       patch_sets=found.patch_sets, unexplained=found.unexplained, missing=found.missing,
-                      added=found.added, **extra)  # type: ignore[arg-type]
+                      added=found.added, unimported=site.unimported, **extra)  # type: ignore[arg-type]
     return replace(row, exit_code=1 if row.findings else 0)
 
 
@@ -170,8 +170,8 @@ def _read_images(request: StatusRequest, patchsets: Sequence[PatchSet], progress
 def _read_layers(engine: DockerEngine, by_id: dict[str, list[str]], patchsets: Sequence[PatchSet],
                  progress: ProgressCallback) -> dict[str, ImageStatus]:
     """All images from one save of their layers: a layer shared by many is read once."""
-    from ..targets.docker.reader import preferred_sites, save_views
-    from ..targets.layerfs import site_files
+    from ..targets.docker.reader import save_views
+    from ..targets.layerfs import find_site
 
     for names in by_id.values():
         for name in names:
@@ -186,16 +186,19 @@ def _read_layers(engine: DockerEngine, by_id: dict[str, list[str]], patchsets: S
     for image_id, names in by_id.items():
         info = engine.image_info(image_id)
         extra: dict[str, str | None] = {"id": image_id, "platform": _platform(engine, image_id)}
+        view = views.get(image_id)
         if failure is not None:
             row = _error_row(names[0], failure, **extra)
-        elif image_id not in views:
+        elif view is None:
             row = _error_row(names[0], EnvironmentProblem(f"the engine's save of {names[0]} lacks its manifest or one of its layers",
                                                          hint="read it alone: dspark-patch status --via container"), **extra)
+        elif isinstance(view, DsparkPatchError):
+            row = _error_row(names[0], view, **extra)
         else:
-            site = site_files(views[image_id], DISTRIBUTION, prefer=preferred_sites(info.config))
-            row = (_error_row(names[0], TargetNotFound(f"no {DISTRIBUTION} in image {names[0]} (no site folder of any "
-                                                        f"python in its layers holds it)"), **extra)
-                   if site is None else row_from_site(names[0], site, patchsets, **extra))
+            try:
+                row = row_from_site(names[0], find_site(view, DISTRIBUTION, info.config, names[0]), patchsets, **extra)
+            except DsparkPatchError as exc:
+                row = _error_row(names[0], exc, **extra)
         for name in names:
             rows[name] = replace(row, ref=name)
             progress(name, "done", rows[name])

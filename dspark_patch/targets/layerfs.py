@@ -1,14 +1,17 @@
-"""An image's site folders rebuilt from its layer tars, for `status` on many images at once.
+"""An image's site folder rebuilt from its layer tars, for `status` on many images at once.
 
-No engine here: `LayerIndexer` is fed layer tars (from `docker save`, see
-targets/docker/reader.py) and keeps, per layer, only what the check needs: every entry under
-a `…/lib/python3.X/{site,dist}-packages/` folder (names and kinds), the sha256 of files in
-the distribution's own folders, the bytes of every dist-info's RECORD and METADATA, the
-`…/bin/python3.X` names, and whiteouts. `merge` stacks layers the OCI way (whiteouts and
-opaque folders hide what lower layers had), and `site_files` turns the result into the same
-`SiteFiles` the container view gives.
+No engine here. Each layer tar (from `docker save`, see targets/docker/reader.py) goes through
+the one strict layer reader (`targets/layers`: refuses what tar readers could read differently,
+keeps only what `status_keep` asks for, merges the engine's way). Kept: every entry under a
+`…/lib/python3.X/{site,dist}-packages/` folder (names and kinds), the sha256 of files in the
+distribution's own folders, the bytes of every dist-info's RECORD and METADATA and of
+`pyvenv.cfg` files and `/etc/debian_version`, the first bytes of every file in a `bin/` folder (interpreters and `#!`
+lines), the `lib/python3.X/os.py` landmarks, and every symlink.
 
-Why: images of one fleet share their lower layers (tags of one serving image differ in a
+The site folder is the one the image's interpreters import from (`targets/sitepath.py`, the
+same rule as the container route), looked up through symlinks as a chroot would.
+
+Why layers: images of one fleet share their lower layers (tags of one serving image differ in a
 small top layer), and one `docker save` of all of them carries each shared layer once, so
 each is read and hashed once, however many images stand on it.
 """
@@ -17,165 +20,159 @@ from __future__ import annotations
 
 import csv
 import email.parser
-import hashlib
 import io
-import posixpath
 import re
-import tarfile
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from typing import Literal
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any, BinaryIO
 
+from ..errors import TargetNotFound, UnreadableLayout
+from .layers import Entry, KeepPredicate, LayerView, scan_layer
+from .layers import merge as merge_scans
+from .layers.scan import Keep
+from .layers.tarstream import Kind
 from .sitefiles import SiteFiles
 
-_SITE = re.compile(r"^(?P<site>(?:[^/]+/)*lib/python3(?:\.\d+)?/(?:site|dist)-packages)/(?P<rel>.+)$")
-_PY_BIN = re.compile(r"(?:^|/)bin/python(3\.\d+)$")
-_PY_DIR = re.compile(r"/python(3\.\d+)/")
+_SITE = re.compile(r"^(?P<site>(?:[^/]+/)*lib(?:64)?/python3(?:\.\d+)?/(?:site|dist)-packages)/(?P<rel>.+)$")
+_LIB_DIR = re.compile(r"^(?:[^/]+/)*lib(?:64)?/python3(?:\.\d+)?(?:/(?:site|dist)-packages)?$")
+_LANDMARK = re.compile(r"^(?:[^/]+/)*lib(?:64)?/python3\.\d+/os\.py$")
+_MODULE_FILE = re.compile(r"^(?P<name>[^./]+)(?:\..*)?\.(?:py|pyc|so|pyd)$")
 
-Kind = Literal["file", "dir", "other", "whiteout", "opaque"]
-
-
-@dataclass(frozen=True, slots=True)
-class Entry:
-    kind: Kind
-    sha256: str | None = None
-    data: bytes | None = None     # RECORD and METADATA of dist-infos
+__all__ = ["Entry", "LayerView", "find_site", "folder_view", "merge_scans", "site_files", "status_keep"]
 
 
 def _normalize(name: str) -> str:
     return re.sub(r"[-_.]+", "_", name).lower()
 
 
-class LayerIndexer:
-    def __init__(self, distribution: str) -> None:
-        self.top = _normalize(distribution)
-
-    def _own(self, first: str) -> bool:
-        return first == self.top or (first.endswith(".dist-info") and _normalize(first.split("-")[0]) == self.top)
-
-    def index(self, tar: tarfile.TarFile, *, prefix: str = "") -> dict[str, Entry]:
-        """One layer: path (no leading slash) -> Entry, for the paths the check needs.
-
-        `prefix`: the folder the tar's names are relative to (an archive of one folder)."""
-        entries: dict[str, Entry] = {}
-        for member in tar:
-            path = posixpath.normpath(posixpath.join(prefix, member.name).lstrip("/")).removeprefix("./")
-            folder, base = posixpath.split(path)
-            if base == ".wh..wh..opq":
-                entries[folder + "/.wh..wh..opq"] = Entry("opaque")
-                continue
-            if base.startswith(".wh."):
-                entries[posixpath.join(folder, base[4:])] = Entry("whiteout")
-                continue
-            if _PY_BIN.search(path):
-                entries[path] = Entry("other")
-                continue
-            match = _SITE.match(path)
-            if match is None:
-                continue
-            rel = match["rel"]
-            first, sep, rest = rel.partition("/")
-            if member.isdir():
-                entries[path] = Entry("dir")
-            elif not member.isfile():
-                entries[path] = Entry("other")
-            elif sep and first.endswith(".dist-info") and rest in ("RECORD", "METADATA"):
-                data = _read(tar, member)
-                entries[path] = Entry("file", hashlib.sha256(data).hexdigest(), data)
-            elif sep and self._own(first):
-                entries[path] = Entry("file", _hash(tar, member))
-            else:
-                entries[path] = Entry("file")
-        return entries
+def _own(first: str, top: str) -> bool:
+    return first == top or (first.endswith(".dist-info") and _normalize(first.split("-")[0]) == top)
 
 
-def merge(layers: Iterable[dict[str, Entry]]) -> dict[str, Entry]:
-    """Stack layers bottom to top: a layer's whiteouts hide lower paths, then its entries land."""
-    view: dict[str, Entry] = {}
-
-    def drop(path: str, *, itself: bool) -> None:
-        prefix = path + "/"
-        for key in [k for k in view if k.startswith(prefix) or (itself and k == path)]:
-            del view[key]
-
-    for layer in layers:
-        for path, entry in layer.items():
-            if entry.kind == "opaque":
-                drop(path.removesuffix("/.wh..wh..opq"), itself=False)
-            elif entry.kind == "whiteout":
-                drop(path, itself=True)
-        for path, entry in layer.items():
-            if entry.kind in ("whiteout", "opaque"):
-                continue
-            if entry.kind != "dir" and path in view and view[path].kind == "dir":
-                drop(path, itself=False)  # a file over a folder hides the folder's contents
-            view[path] = entry
-    return view
-
-
-def site_files(view: dict[str, Entry], distribution: str, prefer: Sequence[str] = ()) -> SiteFiles | None:
-    """The distribution's site folder in a merged view, or None when no site folder holds it.
-
-    `prefer`: site folders (absolute) in the order the image's PATH would reach them."""
+def status_keep(distribution: str) -> KeepPredicate:
+    """What `status` needs of a layer (root-relative paths, no leading slash)."""
     top = _normalize(distribution)
-    sites = sorted({m["site"] for p in view if (m := _SITE.match(p)) and m["rel"].split("/")[0] == top})
-    if not sites:
-        return None
-    ranked = sorted(sites, key=lambda s: (("/" + s) not in prefer, prefer.index("/" + s) if "/" + s in prefer else 0))
-    site = ranked[0]
-    own = lambda first: first == top or (first.endswith(".dist-info") and _normalize(first.split("-")[0]) == top)  # noqa: E731
+
+    def keep(path: str, kind: Kind) -> Keep:
+        match = _SITE.match(path)
+        if match is not None:
+            first, sep, rest = match["rel"].partition("/")
+            if kind == "dir":
+                return "name"
+            if sep and first.endswith(".dist-info") and rest in ("RECORD", "METADATA"):
+                return "bytes"
+            return "hash" if sep and _own(first, top) else "name"
+        if kind == "dir":
+            return "name" if _LIB_DIR.match(path) else None
+        folder, _, base = path.rpartition("/")
+        if base == "pyvenv.cfg" or path == "etc/debian_version":
+            return "bytes"
+        if folder == "bin" or folder.endswith("/bin"):
+            return "head"
+        return "name" if _LANDMARK.match(path) else None
+
+    return keep
+
+
+def folder_view(fileobj: BinaryIO, *, folder: str, where: str, distribution: str) -> LayerView:
+    """The engine's tar of one folder (names start with the folder's own name) as a view."""
+    parent = folder.strip("/").rpartition("/")[0]
+    scan = scan_layer(fileobj, where=where, keep=status_keep(distribution), prefix=parent)
+    return merge_scans([scan], where=where)
+
+
+def holds(view: LayerView, site: str, distribution: str) -> bool:
+    """Would `import <distribution>` stop at this sys.path entry, as a regular package?
+
+    A module file of that name (`vllm.py`, `vllm.cpython-311-….so`) or a symlink there is
+    refused: the import goes somewhere status does not read."""
+    top = _normalize(distribution)
+    real = view.resolve(site)
+    prefix = real + "/" if real else ""
+    entry = view.entries.get(prefix + top)
+    if entry is not None and entry.kind == "symlink":
+        raise UnreadableLayout(f"{site}/{top} in {view.where} is a symlink (to {entry.target}): status reads no files "
+                               f"through links in {distribution}'s folders", hint="nothing is said about this image")
+    if entry is not None and entry.kind == "dir":
+        init = view.entries.get(f"{prefix}{top}/__init__.py")
+        if init is not None:
+            if init.kind != "file":
+                raise UnreadableLayout(f"{site}/{top}/__init__.py in {view.where} is not a regular file",
+                                       hint="nothing is said about this image")
+            return True
+    for rel, _ in view.below(real):
+        found = _MODULE_FILE.match(rel)
+        if found and found["name"] == top and "/" not in rel:
+            raise UnreadableLayout(f"{site}/{rel} in {view.where} is a module named {top}: `import {top}` would load "
+                                   f"it, not the package", hint="nothing is said about this image")
+    return False
+
+
+def everywhere(view: LayerView, distribution: str) -> list[str]:
+    top = _normalize(distribution)
+    return sorted({"/" + m["site"] for p in view.entries if (m := _SITE.match(p)) and m["rel"] == f"{top}/__init__.py"})
+
+
+def find_site(view: LayerView, distribution: str, config: Mapping[str, Any], ref: str) -> SiteFiles:
+    """The site folder the image's interpreters import `distribution` from, read from the view."""
+    from .sitepath import choose_site, interpreter_sites  # it stands on targets/docker, which imports this module
+
+    def read_small(path: str) -> bytes | None:
+        entry = view.get(path)
+        return entry.data if entry is not None and entry.kind == "file" else None
+
+    paths = interpreter_sites(config, view.stat, view.read_head, read_small)
+    chosen, site = choose_site(ref, distribution, paths, lambda s: holds(view, s, distribution),
+                               lambda: everywhere(view, distribution))
+    found = site_files(view, distribution, site)
+    if found is None:
+        raise TargetNotFound(f"{site}/{_normalize(distribution)} in image {ref} has no {distribution} dist-info "
+                             "(METADATA, RECORD)",
+                             hint="the package was not installed as a distribution; nothing to check it against")
+    others = tuple(s for s in everywhere(view, distribution) if view.resolve(s) != view.resolve(site))
+    return replace(found, python=found.python or chosen.python, unimported=others)
+
+
+def site_files(view: LayerView, distribution: str, site: str) -> SiteFiles | None:
+    """The distribution in the site folder `site` (absolute, as the interpreter sees it), or None
+    when that folder holds no dist-info of it. A symlink inside its own folders is refused."""
+    top = _normalize(distribution)
+    real = view.resolve(site)
     hashes: dict[str, str] = {}
     others: list[str] = []
     top_level: list[str] = []
     records: dict[str, bytes] = {}
     metadata: bytes | None = None
-    prefix = site + "/"
-    for path, entry in view.items():
-        if not path.startswith(prefix):
-            continue
-        rel = path[len(prefix):]
+    for rel, entry in view.below(real):
         first, sep, rest = rel.partition("/")
+        if _own(first, top) and entry.kind == "symlink":
+            raise UnreadableLayout(f"{site}/{rel} in {view.where} is a symlink (to {entry.target}): status reads no "
+                                   f"files through links in {distribution}'s folders",
+                                   hint="nothing is said about this image")
         if not sep:
             if entry.kind != "dir":
                 top_level.append(rel)
             continue
-        if entry.data is not None and rest == "RECORD":
+        if entry.data is not None and rest == "RECORD" and first.endswith(".dist-info"):
             records[first] = entry.data
-        if entry.data is not None and rest == "METADATA" and own(first):
+        if entry.data is not None and rest == "METADATA" and _own(first, top):
             metadata = entry.data
-        if not own(first) or entry.kind == "dir":
+        if not _own(first, top) or entry.kind == "dir":
             continue
         if entry.kind == "file" and entry.sha256 is not None:
             hashes[rel] = entry.sha256
         else:
             others.append(rel)
-    own_infos = sorted(name for name in records if own(name))
+    own_infos = sorted(name for name in records if _own(name, top))
     if metadata is None or not own_infos:
         return None
     meta = email.parser.BytesParser().parsebytes(metadata, headersonly=True)
     record = tuple((row[0], _hex(row[1] if len(row) > 1 else "")) for row in _rows(records[own_infos[0]]))
     listed = frozenset(row[0] for data in records.values() for row in _rows(data))
-    found = _PY_DIR.search("/" + site + "/")
-    python = found.group(1) if found else next(
-        (m.group(1) for p in sorted(view, reverse=True) if (m := _PY_BIN.search(p))), None)
-    return SiteFiles(location="/" + site, distribution=str(meta["Name"] or distribution), release=str(meta["Version"] or ""),
-                     python=python, record=record, hashes=hashes, others=tuple(sorted(others)),
-                     top_level=tuple(sorted(top_level)), listed_anywhere=listed)
-
-
-def _read(tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
-    fh = tar.extractfile(member)
-    assert fh is not None
-    return fh.read()
-
-
-def _hash(tar: tarfile.TarFile, member: tarfile.TarInfo) -> str:
-    fh = tar.extractfile(member)
-    assert fh is not None
-    digest = hashlib.sha256()
-    for chunk in iter(lambda: fh.read(1 << 20), b""):
-        digest.update(chunk)
-    return digest.hexdigest()
+    found = re.search(r"/python(3\.\d+)/", "/" + real + "/")
+    return SiteFiles(location=site, distribution=str(meta["Name"] or distribution), release=str(meta["Version"] or ""),
+                     python=found.group(1) if found else None, record=record, hashes=hashes,
+                     others=tuple(sorted(others)), top_level=tuple(sorted(top_level)), listed_anywhere=listed)
 
 
 def _rows(data: bytes) -> list[list[str]]:

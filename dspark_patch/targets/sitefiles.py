@@ -22,3 +22,4 @@ class SiteFiles:
     others: tuple[str, ...] = ()        # other entries there that are not regular files (symlinks, devices)
     top_level: tuple[str, ...] = ()     # names of the site folder's top-level files (for .pth)
     listed_anywhere: frozenset[str] = frozenset()  # paths any distribution's RECORD in the site folder lists
+    unimported: tuple[str, ...] = ()    # other site folders holding the distribution that no interpreter imports

@@ -164,7 +164,7 @@ class WorkContainer:
         # `timeout` (coreutils/busybox) stops the process inside the container; the host-side
         # wait only guards against images without it.
         wrapped = ["timeout", "-k", "5", str(max(1, int(timeout))), *argv] if self._timeout_available() else argv
-        exec_id = api.exec_create(self.container.id, wrapped, user="0", environment=dict(env or {}))["Id"]
+        exec_id = self._exec_create(wrapped, environment=dict(env or {}))
         return RunningCall(api, exec_id, program=argv[0], timeout=timeout, wrapped=wrapped is not argv)
 
     def copy_out(self, absolute: str) -> tuple[bytes, FileMeta] | None:
@@ -229,10 +229,21 @@ class WorkContainer:
         if result.returncode != 0:
             raise EnvironmentProblem(f"{failed}: {result.stderr.decode(errors='replace').strip()}")
 
+    def _exec_create(self, argv: list[str], *, environment: dict[str, str] | None = None) -> str:
+        try:
+            return str(self.container.client.api.exec_create(self.container.id, argv, user="0",
+                                                              environment=environment)["Id"])
+        except docker.errors.APIError as exc:
+            # The keep-alive process is gone (an image whose python does not run): one clean line.
+            raise EnvironmentProblem(f"the work container of image {self.ref} is not running any more "
+                                     f"(its {self.python} exited?): {reason(exc)}",
+                                     hint="check that the image's python runs: docker run --rm --entrypoint "
+                                          f"{self.python} IMAGE -c pass") from exc
+
     def _timeout_available(self) -> bool:
         if self._has_timeout is None:
             api = self.container.client.api
-            exec_id = api.exec_create(self.container.id, ["timeout", "--help"], user="0")["Id"]
+            exec_id = self._exec_create(["timeout", "--help"])
             api.exec_start(exec_id)
             code = api.exec_inspect(exec_id)["ExitCode"]
             self._has_timeout = code in (0, 1)  # busybox prints usage and exits 1

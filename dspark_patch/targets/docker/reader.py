@@ -8,13 +8,14 @@ every path. Nothing else changes on the engine: no image, no tag, no container i
 Design, from measurements on the ~2 GB fixture (vLLM 877 MB + torch 754 MB in one site
 folder), on a loaded 2-core machine (`bench/status_fleet.py` prints the current figures):
 - Finding the site folder: `HEAD /containers/ID/archive` returns only the path-stat header,
-  a few ms per path. Candidates: the site folders of every `…/bin` on the image's PATH and of
-  VIRTUAL_ENV, then common prefixes (/usr/local, /usr, /opt/conda, /opt/venv …) over
-  python3.6 … 3.14. First the `lib/python3.X` folders, then their site/dist-packages.
+  a few ms per path. The site folder is the one the image's interpreters import from
+  (targets/sitepath.py: the interpreters `apply` finds, their sys.path derived from prefix and
+  version), the same rule as the layer route; the old sweep of the usual prefixes over
+  python3.6 … 3.14 only names a copy that no interpreter imports.
 - Reading: the archive API cannot list a folder without sending all of it, and the check
   needs (a) every byte of the distribution's own folders (RECORD integrity) and (b) the
   site folder's top-level names and every distribution's RECORD (unlisted `.pth` files).
-  One tar stream of the site folder, parsed as it arrives (`tarfile` mode "r|"), hashing
+  One tar stream of the site folder, parsed as it arrives by the strict layer reader, hashing
   only the distribution's members and keeping only top-level names and RECORDs, serves both
   in one round trip. Streaming the vLLM folder alone costs about half (it is half the bytes),
   but then (b) would need the same full stream again.
@@ -25,21 +26,27 @@ folder), on a loaded 2-core machine (`bench/status_fleet.py` prints the current 
 from __future__ import annotations
 
 import base64
+import gzip
+import hashlib
 import io
 import json
 import posixpath
 import re
-import tarfile
+import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, BinaryIO
 
 import docker.errors
 import requests.exceptions
 
-from ...errors import EnvironmentProblem, TargetNotFound
-from ..layerfs import Entry, LayerIndexer, merge, site_files
+from ...errors import DsparkPatchError, EnvironmentProblem, HostileLayer, TargetNotFound, UnreadableLayout
+from ..layerfs import folder_view, merge_scans, site_files, status_keep
+from ..layers import LayerScan, LayerView, TarStream, scan_layer
+from ..layers.tarstream import BLOCK
 from ..sitefiles import SiteFiles
+from ..sitepath import choose_site, interpreter_sites
+from . import interpreter
 
 # Our container naming is shared with `gc`; the lead moves these into targets/docker/ at merge.
 from .engine import DockerEngine
@@ -50,7 +57,7 @@ PYTHON_MINORS = tuple(range(14, 5, -1))   # newest first: 3.14 … 3.6
 COMMON_PREFIXES = ("/usr/local", "/usr", "/opt/conda", "/opt/venv", "/venv", "/opt/python")
 # Never started; only named so an accidental start fails fast instead of running the image.
 NEVER_STARTED = ["/dspark-patch-status-never-starts"]
-_PY_DIR = re.compile(r"/python(3\.\d+)/")
+_GO_LINK = 1 << 27
 
 
 def _normalize(name: str) -> str:
@@ -140,7 +147,7 @@ class ImageReader:
         found = self.stat(path)
         return found is not None and bool(found.get("mode", 0) & (1 << 31))  # Go's os.ModeDir
 
-    def _stream(self, path: str) -> tarfile.TarFile:
+    def _chunks(self, path: str) -> BinaryIO:
         assert self._container
         try:
             chunks, _ = self._api.get_archive(self._container, path, chunk_size=1 << 20)
@@ -148,11 +155,20 @@ class ImageReader:
             raise TargetNotFound(f"{path} vanished from image {self.ref}") from None
         except docker.errors.APIError as exc:
             raise EnvironmentProblem(f"reading {path} in image {self.ref} failed: {_reason(exc)}") from exc
-        return tarfile.open(fileobj=io.BufferedReader(_ChunkReader(chunks), 1 << 20), mode="r|", bufsize=1 << 20)
+        return io.BufferedReader(_ChunkReader(chunks), 1 << 20)
+
+    def read_small(self, path: str, limit: int = 1 << 16) -> bytes | None:
+        """A small regular file's bytes (pyvenv.cfg, a script's `#!` line), None otherwise."""
+        if not interpreter.is_small_file(self.stat(path), limit):
+            return None
+        stream = TarStream(self._chunks(path), where=f"the engine's tar of {path} in image {self.ref}")
+        for member in stream:
+            return stream.read_all(limit) if member.kind == "file" else None
+        return None
 
     # --- locating ----------------------------------------------------------------------------
     def site_candidates(self) -> list[str]:
-        """Site folders that exist in the image, in the order an interpreter on PATH would see them."""
+        """Every site folder at the usual places (only to name a copy no interpreter imports)."""
         env = dict(e.split("=", 1) for e in self._config.get("Env") or () if "=" in e)
         prefixes: list[str] = []
         for entry in [env.get("VIRTUAL_ENV", "") + "/bin", *env.get("PATH", "").split(":")]:
@@ -176,33 +192,44 @@ class ImageReader:
                 found.append("/usr/lib/python3/dist-packages")  # Debian's python3-* packages
         return found
 
-    def _python_for(self, site: str) -> str | None:
-        found = _PY_DIR.search(site + "/")
-        if found:
-            return found.group(1)
-        for minor in PYTHON_MINORS:  # /usr/lib/python3/dist-packages: whichever python3.X is there
-            if self.stat(f"/usr/bin/python3.{minor}") is not None:
-                return f"3.{minor}"
-        return None
-
     def read_site(self, distribution: str) -> SiteFiles:
+        """The site folder the image's interpreters import `distribution` from (targets/sitepath.py,
+        the same rule as the layer route), read through the engine without running anything."""
         top = _normalize(distribution)
-        for site in self.site_candidates():
-            if self.stat(f"{site}/{top}") is not None:
-                return self._read(site, distribution)
-        raise TargetNotFound(f"no {distribution} in image {self.ref} (looked in the site folders of its PATH "
-                             f"and the usual prefixes)", hint=f"list images that have {distribution} installed")
+
+        def read_head(path: str) -> bytes | None:
+            data = self.read_small(path)
+            return data[:512] if data is not None else None
+
+        def holds(site: str) -> bool:
+            found = self.stat(f"{site}/{top}")
+            if found is not None and int(found.get("mode", 0)) & _GO_LINK:
+                raise UnreadableLayout(f"{site}/{top} in image {self.ref} is a symlink: status reads no files through "
+                                       f"links in {distribution}'s folders", hint="nothing is said about this image")
+            return self.stat(f"{site}/{top}/__init__.py") is not None
+
+        def everywhere() -> list[str]:
+            return [s for s in self.site_candidates() if self.stat(f"{s}/{top}/__init__.py") is not None]
+
+        paths = interpreter_sites(self._config, self.stat, read_head, self.read_small)
+        chosen, site = choose_site(self.ref, distribution, paths, holds, everywhere)
+        found = self._read(site, distribution)
+        others = tuple(s for s in everywhere() if s != site)
+        return replace(found, python=found.python or chosen.python, unimported=others)
 
     def _read(self, site: str, distribution: str) -> SiteFiles:
-        # The archive's names start with the folder's own name: index them under its parent.
-        with self._stream(site) as tar:
-            view = merge([LayerIndexer(distribution).index(tar, prefix=posixpath.dirname(site))])
-        found = site_files(view, distribution, prefer=[site])
+        # A site folder reached through a link is read where the link leads (dockerd's stat gives
+        # the target resolved in the container); the archive's names start with the folder's name.
+        stat = self.stat(site) or {}
+        real = str(stat.get("linkTarget") or site) if int(stat.get("mode", 0)) & _GO_LINK else site
+        view = folder_view(self._chunks(real), folder=real, distribution=distribution,
+                           where=f"the engine's tar of {real} in image {self.ref}")
+        found = site_files(view, distribution, real)
         if found is None:
             raise TargetNotFound(f"{site}/{_normalize(distribution)} in image {self.ref} has no {distribution} dist-info "
                                  "(METADATA, RECORD)",
                                  hint="the package was not installed as a distribution; nothing to check it against")
-        return found if found.python else replace(found, python=self._python_for(site))
+        return replace(found, location=site)
 
 
 def _engine_url(api: docker.APIClient, path: str) -> str:
@@ -213,11 +240,13 @@ def _engine_url(api: docker.APIClient, path: str) -> str:
     return f"{api.base_url}/v{api.api_version}{path}"
 
 
-def save_views(engine: DockerEngine, image_ids: Sequence[str], distribution: str) -> dict[str, dict[str, Entry]]:
+def save_views(engine: DockerEngine, image_ids: Sequence[str], distribution: str) -> dict[str, LayerView | DsparkPatchError]:
     """Every image's merged view from ONE `docker save` of all of them (shared layers come once).
 
-    Nothing is created on the engine. Layers are indexed as they stream past (their order in
-    the archive is the engine's); manifest.json says which layers, bottom first, make which image."""
+    Nothing is created on the engine. Layers are scanned as they stream past (their order in
+    the archive is the engine's) by the strict layer reader; manifest.json says which layers,
+    bottom first, make which image. A layer the reader refuses is an error for the images that
+    use it (naming the layer and member), never for the others."""
     api = engine.client.api
     try:
         # docker-py saves one image per call; the engine's endpoint takes many names at once.
@@ -226,59 +255,130 @@ def save_views(engine: DockerEngine, image_ids: Sequence[str], distribution: str
         raise EnvironmentProblem(f"reading the images' layers failed: {exc}") from exc
     if response.status_code >= 400:
         raise EnvironmentProblem(f"reading the images' layers failed: HTTP {response.status_code} {response.text.strip()[:200]}")
-    indexer = LayerIndexer(distribution)
-    layers: dict[str, dict[str, Entry]] = {}
+    try:
+        stream = io.BufferedReader(_ChunkReader(response.iter_content(1 << 20)), 1 << 20)
+        return views_from_save(stream, image_ids, distribution)
+    except requests.exceptions.RequestException as exc:
+        raise EnvironmentProblem(f"reading the images' layers failed: {exc}") from exc
+    finally:
+        response.close()
+
+
+def views_from_save(stream: BinaryIO, image_ids: Sequence[str], distribution: str) -> dict[str, LayerView | DsparkPatchError]:
+    """The views of `image_ids` from a `docker save` archive (pure: no engine)."""
+    keep = status_keep(distribution)
+    layers: dict[str, LayerScan | DsparkPatchError] = {}
     # A layer the archive already holds under another folder is written as a symlink to it
     # (dockerd does this when a layer is the top of one image and a lower layer of another).
     aliases: dict[str, str] = {}
     manifest: list[dict[str, Any]] = []
     try:
-        stream = io.BufferedReader(_ChunkReader(response.iter_content(1 << 20)), 1 << 20)
-        with tarfile.open(fileobj=stream, mode="r|", bufsize=1 << 20) as outer:
-            for member in outer:
-                if member.issym():
-                    aliases[member.name] = posixpath.normpath(posixpath.join(posixpath.dirname(member.name), member.linkname))
-                    continue
-                if not member.isfile():
-                    continue
-                fh = outer.extractfile(member)
-                assert fh is not None
-                if member.name == "manifest.json":
-                    manifest = json.loads(fh.read())
-                    continue
-                try:  # layers (plain or gzip); configs and OCI manifests are JSON and fail here
-                    inner = tarfile.open(fileobj=fh, mode="r|*", bufsize=1 << 20)
-                except tarfile.TarError:
-                    continue
-                with inner:
-                    layers[member.name] = indexer.index(inner)
-    except (tarfile.TarError, requests.exceptions.RequestException) as exc:
+        outer = TarStream(stream, where="the engine's save archive")
+        for member in outer:
+            if member.kind == "symlink":
+                aliases[member.name] = posixpath.normpath(posixpath.join(posixpath.dirname(member.name), member.linkname))
+                continue
+            if member.kind != "file":
+                continue
+            if member.name == "manifest.json":
+                manifest = json.loads(outer.read_all(64 << 20))
+                continue
+            data = _Member(outer)
+            head = data.peek(BLOCK)
+            if head[:2] == b"\x1f\x8b":
+                fh: BinaryIO = gzip.GzipFile(fileobj=io.BufferedReader(data, 1 << 20), mode="rb")  # type: ignore[assignment]
+            elif len(head) >= BLOCK and _is_tar_header(head[:BLOCK]) or head[:BLOCK] == bytes(BLOCK):
+                fh = io.BufferedReader(data, 1 << 20)
+            else:
+                continue  # configs, OCI index and manifests (JSON)
+            where = f"layer {_digest_of(member.name)} of the engine's save"
+            try:
+                layers[member.name] = scan_layer(fh, where=where, keep=keep)
+            except HostileLayer as exc:
+                # Name the layer by its digest (what `docker inspect` lists), known once all of it is read.
+                digest = data.drain()
+                kind = "blob" if head[:2] == b"\x1f\x8b" else "layer"
+                layers[member.name] = HostileLayer(exc.message.replace(where, f"{kind} {digest} of the image"),
+                                                   hint=exc.hint)
+            except (OSError, EOFError, zlib.error) as exc:
+                layers[member.name] = HostileLayer(f"{where}: cannot be decompressed ({exc})")
+    except (HostileLayer, ValueError) as exc:
         raise EnvironmentProblem(f"reading the images' layers failed: {exc}") from exc
-    finally:
-        response.close()
     for alias, target in aliases.items():
         if target in layers:
             layers[alias] = layers[target]
-    views = {}
+    views: dict[str, LayerView | DsparkPatchError] = {}
     for entry in manifest:
         config = posixpath.basename(entry.get("Config", "")).removesuffix(".json")
         image_id = next((i for i in image_ids if i.removeprefix("sha256:") == config), None)
         names = entry.get("Layers") or ()
         # An image whose layer is missing from the archive gets no view (its row says so)
         # rather than a view that silently lacks that layer's files.
-        if image_id is not None and all(name in layers for name in names):
-            views[image_id] = merge(layers[name] for name in names)
+        if image_id is None or not all(name in layers for name in names):
+            continue
+        refused = next((layers[n] for n in names if isinstance(layers[n], DsparkPatchError)), None)
+        if isinstance(refused, DsparkPatchError):
+            views[image_id] = refused
+            continue
+        try:
+            scans = [scan for n in names if isinstance(scan := layers[n], LayerScan)]
+            views[image_id] = merge_scans(scans, where=f"image {image_id[:19]}")
+        except DsparkPatchError as exc:
+            views[image_id] = exc
     return views
 
 
-def preferred_sites(config: dict[str, Any]) -> list[str]:
-    """Site folders in the order the image's PATH (and VIRTUAL_ENV) would reach them."""
-    env = dict(e.split("=", 1) for e in config.get("Env") or () if "=" in e)
-    sites = []
-    for entry in [env.get("VIRTUAL_ENV", "") + "/bin", *env.get("PATH", "").split(":")]:
-        if entry.endswith("/bin") and entry != "/bin":
-            prefix = posixpath.dirname(entry)
-            for minor in PYTHON_MINORS:
-                sites += [f"{prefix}/lib/python3.{minor}/site-packages", f"{prefix}/lib/python3.{minor}/dist-packages"]
-    return [*sites, "/usr/lib/python3/dist-packages"]
+class _Member(io.RawIOBase):
+    """The current member of a `TarStream` as a file object, with a peek at its start."""
 
+    def __init__(self, stream: TarStream) -> None:
+        self._chunks = self._hashed(stream.chunks())
+        self._buffer = b""
+        self._sha256 = hashlib.sha256()
+
+    def _hashed(self, chunks: Iterator[bytes]) -> Iterator[bytes]:
+        for chunk in chunks:
+            self._sha256.update(chunk)
+            yield chunk
+
+    def drain(self) -> str:
+        """Read the rest; the digest of the whole member."""
+        for _ in self._chunks:
+            pass
+        return "sha256:" + self._sha256.hexdigest()
+
+    def peek(self, n: int) -> bytes:
+        while len(self._buffer) < n:
+            chunk = next(self._chunks, b"")
+            if not chunk:
+                break
+            self._buffer += chunk
+        return self._buffer[:n]
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        if not self._buffer:
+            self._buffer = next(self._chunks, b"")
+        n = min(len(buffer), len(self._buffer))
+        buffer[:n] = self._buffer[:n]
+        self._buffer = self._buffer[n:]
+        return n
+
+
+def _is_tar_header(block: bytes) -> bool:
+    stored = block[148:156].strip(b" \0")
+    try:
+        value = int(stored, 8)
+    except ValueError:
+        return False
+    return value == sum(block[:148]) + 256 + sum(block[156:])
+
+
+def _digest_of(name: str) -> str:
+    # blobs/sha256/HEX (OCI layout) or HEX/layer.tar (the older layout)
+    parts = name.split("/")
+    if len(parts) == 3 and parts[0] == "blobs":
+        return f"{parts[1]}:{parts[2]}"
+    return f"sha256:{parts[0]}" if len(parts) == 2 and parts[1] == "layer.tar" else name

@@ -14,7 +14,6 @@ import hashlib
 import io
 import json
 import posixpath
-import tarfile
 from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from ...errors import BadInput, CheckFailed, DsparkPatchError, TargetNotFound, UnsafePatch
 from ...inside import source as inside_source
 from ..base import HANDSHAKE_PREFIX, CommittedImage, Distribution, LayerEntry, RecordEntry, RunResult, TargetInfo
+from ..layers import TarStream
 from . import commit as commits
 from . import interpreter
 from .container import NEW_FILE, ExecutableMissing, FileMeta, RunningCall, WorkContainer
@@ -330,21 +330,33 @@ class ImageTarget:
 
 
 def layer_entries(layer: bytes) -> tuple[LayerEntry, ...]:
-    """What a layer tar holds: each entry's path (absolute), kind and, for a file, its sha256."""
+    """What a layer tar holds: each entry's path (absolute), kind and, for a file, its sha256.
+
+    Read with the strict layer reader (targets/layers): a header the engine could read otherwise
+    than we do, a path twice, an opaque folder, a link or a device is refused, never taken."""
     entries = []
-    with tarfile.open(fileobj=io.BytesIO(layer), mode="r:") as tar:
-        for member in tar.getmembers():
-            digest = None
-            folder_name, _, base = member.name.rpartition("/")
-            if member.isfile() and base.startswith(".wh."):
-                entries.append(LayerEntry(path=f"/{folder_name.lstrip('/')}/{base[4:]}", folder=False, sha256=None,
-                                          deleted=True))
-                continue
-            if member.isfile():
-                extracted = tar.extractfile(member)
-                assert extracted is not None
-                digest = hashlib.sha256(extracted.read()).hexdigest()
-            elif not member.isdir():
-                raise CheckFailed(f"the new layer holds {member.name}, which is neither a file nor a folder")
-            entries.append(LayerEntry(path="/" + member.name.lstrip("/"), folder=member.isdir(), sha256=digest))
+    seen: set[str] = set()
+    stream = TarStream(io.BytesIO(layer), where="the new layer")
+    for member in stream:
+        if not member.name:
+            continue
+        if member.name in seen:
+            raise stream.refuse("a path twice in the new layer")
+        seen.add(member.name)
+        folder_name, _, base = member.name.rpartition("/")
+        if base == ".wh..wh..opq" or base.startswith(".wh..wh."):
+            raise CheckFailed(f"the new layer makes /{folder_name} opaque (it would hide the folder's lower contents)")
+        if member.kind == "file" and base.startswith(".wh."):
+            entries.append(LayerEntry(path=f"/{folder_name}/{base[4:]}" if folder_name else f"/{base[4:]}",
+                                      folder=False, sha256=None, deleted=True))
+            continue
+        if member.kind not in ("file", "dir"):
+            raise CheckFailed(f"the new layer holds {member.name}, which is neither a file nor a folder")
+        digest = None
+        if member.kind == "file":
+            h = hashlib.sha256()
+            for chunk in stream.chunks():
+                h.update(chunk)
+            digest = h.hexdigest()
+        entries.append(LayerEntry(path="/" + member.name, folder=member.kind == "dir", sha256=digest))
     return tuple(entries)

@@ -1,0 +1,13 @@
+"""The one strict layer reader: every route that reads image layers goes through it.
+
+`tarstream` parses tar headers strictly (what Go's archive/tar and Python's tarfile read alike),
+`scan` reads one layer keeping only what a predicate asks for, `merge` stacks scans the way the
+engine unpacks them and looks paths up as a chroot would. Rules: docs/status.md, "The layer reader".
+"""
+
+from .merge import LayerView, merge
+from .scan import Entry, Keep, KeepPredicate, LayerScan, scan_layer
+from .tarstream import Limits, Member, TarStream
+
+__all__ = ["Entry", "Keep", "KeepPredicate", "LayerScan", "LayerView", "Limits", "Member", "TarStream", "merge",
+           "scan_layer"]

@@ -1,0 +1,157 @@
+"""One layer tar read once, keeping only what a check asks for: `scan_layer(fileobj, keep=…)`.
+
+The result, `LayerScan`, is what a merge needs and no more: the members the `keep` predicate
+chose (with their sha256, their bytes or their first bytes), every symlink (a link can move
+any path, so none may be dropped), the layer's whiteouts and opaque folders, and one machine
+word per member (`present`: a path's hash -> is it a folder) so that a member the predicate did
+not keep can still hide what lower layers hold under it. No names or headers of the other
+members are kept. A scan depends only on the layer's bytes and the predicate, so a registry
+route can cache it by layer digest (issue 21); `present` uses Python's per-process `hash`, so a
+cache that outlives the process must rebuild it (or switch to a stable digest).
+
+Inside one layer the engine's unpacking is followed (moby `archive.UnpackLayer`, containerd
+`archive.Apply`): a later member replaces an earlier one at its path, a non-folder that
+replaces a folder hides everything the layer put under it before. What engines do differently
+is refused: a member under a non-folder of the same layer (moby fails, containerd follows
+links), a whiteout and a member for the same path, a hard link to anything but an earlier
+regular file of the same layer (overlay2 links inside the layer, containerd inside the merged
+tree), aufs-internal `.wh..wh.*` names.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import BinaryIO, Literal
+
+from .tarstream import Kind, Limits, TarStream
+
+EntryKind = Literal["file", "dir", "symlink", "other"]
+Keep = Literal["name", "hash", "bytes", "head"] | None
+KeepPredicate = Callable[[str, Kind], Keep]
+HEAD_BYTES = 256
+BYTES_CAP = 64 << 20
+OPAQUE = ".wh..wh..opq"
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    kind: EntryKind
+    sha256: str | None = None
+    data: bytes | None = None      # the member's bytes ("bytes") or its first HEAD_BYTES ("head")
+    target: str | None = None      # a symlink's target, as written
+    size: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerScan:
+    where: str
+    entries: Mapping[str, Entry]            # kept members and every symlink, as the layer leaves them
+    whiteouts: frozenset[str]               # paths a `.wh.NAME` removes from lower layers (with all below)
+    opaques: frozenset[str]                 # folders whose lower contents `.wh..wh..opq` hides
+    present: Mapping[int, bool]             # hash(path) -> folder?, for every member and folder implied by one
+
+
+def ancestors(path: str) -> list[str]:
+    """`a/b/c` -> [`a`, `a/b`]."""
+    found = []
+    at = path.find("/")
+    while at != -1:
+        found.append(path[:at])
+        at = path.find("/", at + 1)
+    return found
+
+
+def scan_layer(fileobj: BinaryIO, *, where: str, keep: KeepPredicate, limits: Limits = Limits(),
+               prefix: str = "") -> LayerScan:
+    """`prefix`: the folder the tar's names are relative to (the engine's tar of one folder)."""
+    tar = TarStream(fileobj, where=where, limits=limits)
+    entries: dict[str, Entry] = {}
+    order: dict[str, int] = {}             # kept path -> member index (for same-layer replacements)
+    present: dict[int, bool] = {}
+    gone: set[int] = set()                 # hashes of this layer's whiteout targets
+    whiteouts: set[str] = set()
+    opaques: set[str] = set()
+    replaced: dict[str, int] = {}          # folder path -> index of the non-folder that replaced it
+    for member in tar:
+        path = f"{prefix}/{member.name}" if prefix and member.name else member.name
+        if not path:
+            continue  # the root folder itself
+        above = ancestors(path)
+        for folder in above:
+            h = hash(folder)
+            if present.get(h) is False:
+                raise tar.refuse(f"a member under {folder!r}, which this layer made a non-folder "
+                                 "(engines fail or follow it differently)")
+            if h in gone:
+                raise tar.refuse(f"a member under {folder!r}, which this layer also whites out")
+        folder, _, base = path.rpartition("/")
+        if base.startswith(".wh."):
+            if base == OPAQUE:
+                opaques.add(folder)
+            elif base.startswith(".wh..wh."):
+                raise tar.refuse("an aufs-internal whiteout name")
+            else:
+                target = f"{folder}/{base[4:]}" if folder else base[4:]
+                if base[4:] in (".", "..") or hash(target) in present:
+                    raise tar.refuse("a whiteout of a path this layer also holds (or of '.'/'..')")
+                whiteouts.add(target)
+                gone.add(hash(target))
+            for f in above:
+                present.setdefault(hash(f), True)
+            continue
+        h = hash(path)
+        if h in gone:
+            raise tar.refuse("a member at a path this layer also whites out")
+        is_dir = member.kind == "dir"
+        before = present.get(h)
+        if before is not None and not (before and is_dir):
+            entries.pop(path, None)
+            if before and not is_dir:
+                replaced[path] = member.index  # a non-folder over a folder: what the layer put below is gone
+        present[h] = is_dir
+        for f in above:
+            present.setdefault(hash(f), True)
+        if member.kind == "symlink":
+            entries[path] = Entry("symlink", target=member.linkname)
+            order[path] = member.index
+            continue
+        if member.kind == "hardlink":
+            if present.get(hash(member.linkname)) is not False or member.linkname == path:
+                raise tar.refuse(f"a hard link to {member.linkname!r}, which is no earlier file of this layer "
+                                 "(engines resolve it in different trees)")
+            if keep(path, "file"):
+                source = entries.get(member.linkname)
+                entries[path] = source if source is not None and source.kind == "file" else Entry("other")
+                order[path] = member.index
+            continue
+        wanted = keep(path, member.kind)
+        if not wanted:
+            continue
+        order[path] = member.index
+        if member.kind == "dir":
+            entries[path] = Entry("dir")
+        elif member.kind != "file":
+            entries[path] = Entry("other")
+        elif wanted == "bytes":
+            data = tar.read_all(BYTES_CAP)
+            entries[path] = Entry("file", sha256=hashlib.sha256(data).hexdigest(), data=data, size=member.size)
+        elif wanted == "head":
+            head = b""
+            for chunk in tar.chunks():
+                if len(head) < HEAD_BYTES:
+                    head += chunk[:HEAD_BYTES - len(head)]
+            entries[path] = Entry("file", data=head, size=member.size)
+        elif wanted == "hash":
+            digest = hashlib.sha256()
+            for chunk in tar.chunks():
+                digest.update(chunk)
+            entries[path] = Entry("file", sha256=digest.hexdigest(), size=member.size)
+        else:
+            entries[path] = Entry("file", size=member.size)
+    if replaced:  # one pass: O(kept × depth)
+        for path in [p for p in entries if any(order[p] < replaced.get(a, -1) for a in ancestors(p))]:
+            del entries[path]
+    return LayerScan(where=where, entries=entries, whiteouts=frozenset(whiteouts), opaques=frozenset(opaques),
+                     present=present)
