@@ -114,9 +114,12 @@ def _table(fleet: FleetStatus) -> None:
     for image in fleet.images:
         if image.error:
             _out.print(f"{image.ref}: not read: {image.error}", markup=False)
-        for label, paths in (("unexplained", image.unexplained), ("missing", image.missing), ("added", image.added)):
+        for label, paths in (("unexplained", image.unexplained), ("missing", image.missing), ("added", image.added),
+                             ("RECORD disagrees with the wheel", image.record_disagrees), ("bytecode", image.bytecode)):
             for path in paths:
                 _out.print(f"{image.ref}: {label}: {path}", markup=False)
+        for line in image.unverified:
+            _out.print(f"{image.ref}: {line}", markup=False)
 
 
 def _write(fleet: FleetStatus, report_dir: Path | None, junit: Path | None) -> None:

@@ -20,6 +20,8 @@ def _row(image: ImageStatus) -> dict[str, Any]:
         "ref": image.ref, "id": image.id, "platform": image.platform, "release": image.release,
         "python": image.python, "location": image.location, "patch_sets": dict(image.patch_sets),
         "unexplained": list(image.unexplained), "missing": list(image.missing), "added": list(image.added),
+        "reference": image.reference, "record_disagrees": list(image.record_disagrees),
+        "bytecode": list(image.bytecode), "unverified": list(image.unverified),
         "error": image.error, "exit_code": image.exit_code,
     }
 
@@ -56,11 +58,14 @@ def to_status_markdown(fleet: FleetStatus) -> str:
                      + " | ".join(states.get(i, "–") for i in ids)
                      + f" | {len(image.unexplained)} | {len(image.missing)} | {len(image.added)} |")
     for image in fleet.images:
-        if image.error or image.unexplained or image.missing or image.added:
+        if image.error or image.unexplained or image.missing or image.added or image.record_disagrees or image.bytecode \
+                or image.unverified:
             lines += ["", f"### `{_cell(image.ref)}`", ""]
             if image.error:
                 lines.append(f"not read: {_cell(image.error)}")
-            for label, paths in (("unexplained", image.unexplained), ("missing", image.missing), ("added", image.added)):
+            lines += [f"- {_cell(line)}" for line in image.unverified]
+            for label, paths in (("unexplained", image.unexplained), ("missing", image.missing), ("added", image.added),
+                                 ("RECORD disagrees with the wheel", image.record_disagrees), ("bytecode", image.bytecode)):
                 if paths:
                     lines += [f"{label}:", *(f"- `{p}`" for p in paths)]
     return "\n".join(lines) + "\n"
@@ -79,6 +84,9 @@ def to_status_junit(fleet: FleetStatus) -> str:
         detail += [f"unexplained: {p}" for p in image.unexplained]
         detail += [f"missing: {p}" for p in image.missing]
         detail += [f"added: {p}" for p in image.added]
+        detail += [f"RECORD disagrees with the wheel: {p}" for p in image.record_disagrees]
+        detail += [f"bytecode: {p}" for p in image.bytecode]
+        detail += list(image.unverified)
         if image.exit_code == 0:
             ET.SubElement(case, "system-out").text = "\n".join(detail)
             continue
@@ -88,7 +96,9 @@ def to_status_junit(fleet: FleetStatus) -> str:
         else:
             bad = [f"{pid} {s}" for pid, s in image.patch_sets if s in ("partial", "drifted")]
             message = "; ".join([*bad, *(f"{len(x)} {name}" for name, x in (
-                ("unexplained", image.unexplained), ("missing", image.missing), ("added", image.added)) if x)])
+                ("unexplained", image.unexplained), ("missing", image.missing), ("added", image.added),
+                ("RECORD rows disagree", image.record_disagrees), ("bytecode", image.bytecode)) if x)]
+                + [u for u in image.unverified if u.startswith("no reference")])
         ET.SubElement(case, tag, message=message).text = "\n".join(detail)
     ET.indent(suites)
     return ET.tostring(suites, encoding="unicode", xml_declaration=True) + "\n"

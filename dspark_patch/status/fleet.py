@@ -19,7 +19,7 @@ from ..errors import BadInput, DsparkPatchError, EnvironmentProblem, TargetNotFo
 from ..patchset import PatchSet, available
 from ..report.status_model import FleetStatus, ImageStatus
 from ..targets.sitefiles import SiteFiles
-from .assess import assess
+from .assess import assess, patched_paths
 
 if TYPE_CHECKING:
     from ..targets.docker import DockerEngine
@@ -66,7 +66,8 @@ def row_from_site(ref: str, site: SiteFiles, patchsets: Sequence[PatchSet], **ex
     found = assess(site, patchsets)
     row = ImageStatus(ref=ref, location=site.location, release=site.release, python=site.python,
                       patch_sets=found.patch_sets, unexplained=found.unexplained, missing=found.missing,
-                      added=found.added, **extra)  # type: ignore[arg-type]
+                      added=found.added, reference=found.reference, record_disagrees=found.record_disagrees,
+                      bytecode=found.bytecode, unverified=found.unverified, **extra)  # type: ignore[arg-type]
     return replace(row, exit_code=1 if row.findings else 0)
 
 
@@ -90,9 +91,11 @@ def status(request: StatusRequest, *, on_progress: ProgressCallback | None = Non
 
         progress(root, "start", None)
         try:
-            rows[root] = row_from_site(root, read_site(Path(root), DISTRIBUTION), patchsets)
+            rows[root] = row_from_site(root, read_site(Path(root), DISTRIBUTION, keep=patched_paths(patchsets)), patchsets)
         except DsparkPatchError as exc:
             rows[root] = _error_row(root, exc)
+        except OSError as exc:
+            rows[root] = _error_row(root, BadInput(f"--root {root}: cannot read it ({exc.strerror or exc})"))
         progress(root, "done", rows[root])
 
     if request.images:
@@ -136,7 +139,7 @@ def _read_images(request: StatusRequest, patchsets: Sequence[PatchSet], progress
         try:
             with ImageReader(ref, engine=engine, platform=request.platform, image_id=image_id) as reader:
                 extra["platform"] = reader.image_platform
-                return row_from_site(ref, reader.read_site(DISTRIBUTION), patchsets, **extra)
+                return row_from_site(ref, reader.read_site(DISTRIBUTION, keep=patched_paths(patchsets)), patchsets, **extra)
         except DsparkPatchError as exc:
             return _error_row(ref, exc, **extra)
 
@@ -163,7 +166,7 @@ def _read_layers(engine: DockerEngine, by_id: dict[str, list[str]], patchsets: S
     failure: DsparkPatchError | None = None
     views = {}
     try:
-        views = save_views(engine, list(by_id), DISTRIBUTION)
+        views = save_views(engine, list(by_id), DISTRIBUTION, keep=patched_paths(patchsets))
     except DsparkPatchError as exc:
         failure = exc
     for image_id, names in by_id.items():
@@ -175,10 +178,13 @@ def _read_layers(engine: DockerEngine, by_id: dict[str, list[str]], patchsets: S
             row = _error_row(names[0], EnvironmentProblem(f"the engine's save of {names[0]} lacks its manifest or one of its layers",
                                                          hint="read it alone: dspark-patch status --via container"), **extra)
         else:
-            site = site_files(views[image_id], DISTRIBUTION, prefer=preferred_sites(info.config))
-            row = (_error_row(names[0], TargetNotFound(f"no {DISTRIBUTION} in image {names[0]} (no site folder of any "
-                                                        f"python in its layers holds it)"), **extra)
-                   if site is None else row_from_site(names[0], site, patchsets, **extra))
+            try:
+                site = site_files(views[image_id], DISTRIBUTION, prefer=preferred_sites(info.config))
+                row = (_error_row(names[0], TargetNotFound(f"no {DISTRIBUTION} in image {names[0]} (no site folder of any "
+                                                            f"python in its layers holds it)"), **extra)
+                       if site is None else row_from_site(names[0], site, patchsets, **extra))
+            except DsparkPatchError as exc:  # this image's row; the others stay
+                row = _error_row(names[0], exc, **extra)
         for name in names:
             rows[name] = replace(row, ref=name)
             progress(name, "done", rows[name])

@@ -15,17 +15,19 @@ each is read and hashed once, however many images stand on it.
 
 from __future__ import annotations
 
-import csv
 import email.parser
 import hashlib
-import io
 import posixpath
 import re
 import tarfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from ..errors import AmbiguousDistribution, BadInput
+from ..inside.locate import RECORD_CAP, BadRecord, parse_record
+from ..references import PTH_CAP
+from .facts import read_facts
 from .sitefiles import SiteFiles
 
 _SITE = re.compile(r"^(?P<site>(?:[^/]+/)*lib/python3(?:\.\d+)?/(?:site|dist)-packages)/(?P<rel>.+)$")
@@ -39,7 +41,10 @@ Kind = Literal["file", "dir", "other", "whiteout", "opaque"]
 class Entry:
     kind: Kind
     sha256: str | None = None
-    data: bytes | None = None     # RECORD and METADATA of dist-infos
+    data: bytes | None = None     # RECORD and METADATA of dist-infos, top-level .pth, kept files
+    header: bytes | None = None   # a .pyc's first 16 bytes
+    source: tuple[int, int, bytes | None] | None = None   # a .py's (mtime, size, source hash)
+    too_large: bool = False       # a RECORD or .pth over its cap: not read
 
 
 def _normalize(name: str) -> str:
@@ -47,8 +52,9 @@ def _normalize(name: str) -> str:
 
 
 class LayerIndexer:
-    def __init__(self, distribution: str) -> None:
+    def __init__(self, distribution: str, *, keep: Iterable[str] = ()) -> None:
         self.top = _normalize(distribution)
+        self.keep = frozenset(keep)   # site-relative paths whose bytes (and bytecode's) are kept
 
     def _own(self, first: str) -> bool:
         return first == self.top or (first.endswith(".dist-info") and _normalize(first.split("-")[0]) == self.top)
@@ -80,10 +86,16 @@ class LayerIndexer:
             elif not member.isfile():
                 entries[path] = Entry("other")
             elif sep and first.endswith(".dist-info") and rest in ("RECORD", "METADATA"):
+                if member.size > RECORD_CAP:
+                    entries[path] = Entry("file", too_large=True)
+                    continue
                 data = _read(tar, member)
                 entries[path] = Entry("file", hashlib.sha256(data).hexdigest(), data)
             elif sep and self._own(first):
-                entries[path] = Entry("file", _hash(tar, member))
+                entries[path] = _own_entry(tar, member, rel, self.keep)
+            elif not sep and rel.endswith(".pth"):
+                entries[path] = (Entry("file", too_large=True) if member.size > PTH_CAP
+                                 else Entry("file", data=_read(tar, member)))
             else:
                 entries[path] = Entry("file")
         return entries
@@ -139,8 +151,8 @@ def site_files(view: dict[str, Entry], distribution: str, prefer: Sequence[str] 
             if entry.kind != "dir":
                 top_level.append(rel)
             continue
-        if entry.data is not None and rest == "RECORD":
-            records[first] = entry.data
+        if rest == "RECORD" and (entry.data is not None or entry.too_large):
+            records[first] = entry.data if entry.data is not None else b"\0"  # over the cap: refused below
         if entry.data is not None and rest == "METADATA" and own(first):
             metadata = entry.data
         if not own(first) or entry.kind == "dir":
@@ -152,15 +164,23 @@ def site_files(view: dict[str, Entry], distribution: str, prefer: Sequence[str] 
     own_infos = sorted(name for name in records if own(name))
     if metadata is None or not own_infos:
         return None
+    if len(own_infos) > 1:
+        raise AmbiguousDistribution(f"/{site} holds {len(own_infos)} {distribution} distributions ({', '.join(own_infos)})",
+                                    hint="an installer leaves exactly one dist-info per distribution; which one is "
+                                         "in use is not decidable")
+    metadata = view.get(f"{prefix}{own_infos[0]}/METADATA", Entry("file")).data
+    if metadata is None:
+        return None
     meta = email.parser.BytesParser().parsebytes(metadata, headersonly=True)
-    record = tuple((row[0], _hex(row[1] if len(row) > 1 else "")) for row in _rows(records[own_infos[0]]))
-    listed = frozenset(row[0] for data in records.values() for row in _rows(data))
+    record = tuple((path, sha) for path, sha, _ in _record_rows(records[own_infos[0]], f"/{site}/{own_infos[0]}/RECORD"))
+    listed = frozenset(row[0] for data in records.values() for row in _record_rows(data, "", strict=False))
+    extra = _extra_facts(view, prefix, own)
     found = _PY_DIR.search("/" + site + "/")
     python = found.group(1) if found else next(
         (m.group(1) for p in sorted(view, reverse=True) if (m := _PY_BIN.search(p))), None)
     return SiteFiles(location="/" + site, distribution=str(meta["Name"] or distribution), release=str(meta["Version"] or ""),
                      python=python, record=record, hashes=hashes, others=tuple(sorted(others)),
-                     top_level=tuple(sorted(top_level)), listed_anywhere=listed)
+                     top_level=tuple(sorted(top_level)), listed_anywhere=listed, dist_infos=tuple(own_infos), **extra)
 
 
 def _read(tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
@@ -178,17 +198,50 @@ def _hash(tar: tarfile.TarFile, member: tarfile.TarInfo) -> str:
     return digest.hexdigest()
 
 
-def _rows(data: bytes) -> list[list[str]]:
+def _record_rows(data: bytes, name: str, *, strict: bool = True) -> list[tuple[str, str | None, int | None]]:
+    """A RECORD's rows; strict: a malformed one is BadInput naming the file and row."""
     try:
-        return [row for row in csv.reader(io.StringIO(data.decode("utf-8"))) if row]
-    except (UnicodeDecodeError, csv.Error):
-        return []
+        if data == b"\0":
+            raise BadRecord(f"over the {RECORD_CAP >> 20} MiB limit")
+        return parse_record(data.decode("utf-8"), strict=strict)
+    except (UnicodeDecodeError, BadRecord) as exc:
+        if not strict:
+            return []
+        reason = "not UTF-8" if isinstance(exc, UnicodeDecodeError) else str(exc)
+        raise BadInput(f"{name}: {reason}", hint="the RECORD is malformed; rebuild the image from the release") from None
 
 
-def _hex(field: str) -> str | None:
-    import base64
+def _own_entry(tar: tarfile.TarFile, member: tarfile.TarInfo, rel: str, keep: frozenset[str]) -> Entry:
+    from ..references import bytecode_source
 
-    algo, _, value = field.partition("=")
-    if algo != "sha256" or not value:
-        return None
-    return base64.urlsafe_b64decode(value + "=" * (-len(value) % 4)).hex()
+    fh = tar.extractfile(member)
+    assert fh is not None
+    facts = read_facts(rel, fh.read, keep=rel in keep or bytecode_source(rel) in keep)
+    return Entry("file", facts.sha256, facts.data, header=facts.header,
+                 source=(int(member.mtime), facts.size, facts.source_hash) if rel.endswith(".py") else None)
+
+
+def _extra_facts(view: dict[str, Entry], prefix: str, own: Callable[[str], bool]) -> dict:
+    """The SiteFiles fields for .pth and bytecode (targets/facts.py) from a merged view."""
+    pth: dict[str, bytes | None] = {}
+    headers: dict[str, bytes] = {}
+    sources: dict[str, tuple[int, int, bytes | None]] = {}
+    kept: dict[str, bytes] = {}
+    for path, entry in view.items():
+        if not path.startswith(prefix) or entry.kind != "file":
+            continue
+        rel = path[len(prefix):]
+        first, sep, rest = rel.partition("/")
+        if not sep:
+            if rel.endswith(".pth"):
+                pth[rel] = entry.data
+            continue
+        if not own(first):
+            continue
+        if entry.header is not None:
+            headers[rel] = entry.header
+        if entry.source is not None:
+            sources[rel] = entry.source
+        if entry.data is not None and rest not in ("RECORD", "METADATA"):
+            kept[rel] = entry.data
+    return {"pth": pth, "pyc_headers": headers, "sources": sources, "kept": kept}

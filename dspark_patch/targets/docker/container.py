@@ -130,7 +130,7 @@ class WorkContainer:
         # `timeout` (coreutils/busybox) stops the process inside the container; the host-side
         # wait below only guards against images without it.
         wrapped = ["timeout", "-k", "5", str(max(1, int(timeout))), *argv] if self._timeout_available() else argv
-        exec_id = api.exec_create(self.container.id, wrapped, user="0", environment=dict(env or {}))["Id"]
+        exec_id = api.exec_create(self.container.id, wrapped, user="0", environment=dict(env or {}), workdir="/")["Id"]
         box: dict[str, Any] = {}
 
         def run() -> None:
@@ -209,7 +209,7 @@ class WorkContainer:
 
     # --- internals ----------------------------------------------------------------------
     def _python_op(self, code: str, path: str, *, failed: str) -> None:
-        result = self.call([self.python, "-B", "-c", code, path], timeout=60)
+        result = self.call([self.python, "-I", "-B", "-c", code, path], timeout=60)
         if result.returncode != 0:
             raise EnvironmentProblem(f"{failed}: {result.stderr.decode(errors='replace').strip()}")
 

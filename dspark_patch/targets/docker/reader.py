@@ -30,7 +30,7 @@ import json
 import posixpath
 import re
 import tarfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -185,18 +185,18 @@ class ImageReader:
                 return f"3.{minor}"
         return None
 
-    def read_site(self, distribution: str) -> SiteFiles:
+    def read_site(self, distribution: str, *, keep: Iterable[str] = ()) -> SiteFiles:
         top = _normalize(distribution)
         for site in self.site_candidates():
             if self.stat(f"{site}/{top}") is not None:
-                return self._read(site, distribution)
+                return self._read(site, distribution, keep)
         raise TargetNotFound(f"no {distribution} in image {self.ref} (looked in the site folders of its PATH "
                              f"and the usual prefixes)", hint=f"list images that have {distribution} installed")
 
-    def _read(self, site: str, distribution: str) -> SiteFiles:
+    def _read(self, site: str, distribution: str, keep: Iterable[str] = ()) -> SiteFiles:
         # The archive's names start with the folder's own name: index them under its parent.
         with self._stream(site) as tar:
-            view = merge([LayerIndexer(distribution).index(tar, prefix=posixpath.dirname(site))])
+            view = merge([LayerIndexer(distribution, keep=keep).index(tar, prefix=posixpath.dirname(site))])
         found = site_files(view, distribution, prefer=[site])
         if found is None:
             raise TargetNotFound(f"{site}/{_normalize(distribution)} in image {self.ref} has no {distribution} dist-info "
@@ -213,7 +213,8 @@ def _engine_url(api: docker.APIClient, path: str) -> str:
     return f"{api.base_url}/v{api.api_version}{path}"
 
 
-def save_views(engine: DockerEngine, image_ids: Sequence[str], distribution: str) -> dict[str, dict[str, Entry]]:
+def save_views(engine: DockerEngine, image_ids: Sequence[str], distribution: str,
+               keep: Iterable[str] = ()) -> dict[str, dict[str, Entry]]:
     """Every image's merged view from ONE `docker save` of all of them (shared layers come once).
 
     Nothing is created on the engine. Layers are indexed as they stream past (their order in
@@ -226,7 +227,7 @@ def save_views(engine: DockerEngine, image_ids: Sequence[str], distribution: str
         raise EnvironmentProblem(f"reading the images' layers failed: {exc}") from exc
     if response.status_code >= 400:
         raise EnvironmentProblem(f"reading the images' layers failed: HTTP {response.status_code} {response.text.strip()[:200]}")
-    indexer = LayerIndexer(distribution)
+    indexer = LayerIndexer(distribution, keep=keep)
     layers: dict[str, dict[str, Entry]] = {}
     # A layer the archive already holds under another folder is written as a symlink to it
     # (dockerd does this when a layer is the top of one image and a lower layer of another).
