@@ -6,6 +6,7 @@ error row and never stops the others. Images with the same id are read once.
 
 from __future__ import annotations
 
+import tarfile
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -71,6 +72,13 @@ def row_from_site(ref: str, site: SiteFiles, patchsets: Sequence[PatchSet], **ex
     return replace(row, exit_code=1 if row.findings else 0)
 
 
+def unreadable(ref: str, exc: Exception) -> DsparkPatchError:
+    """Hostile data the readers did not foresee (a value no parser expected) is that image's
+    row error, in one line, never a traceback that loses every other row."""
+    return BadInput(f"{ref}: could not be read ({type(exc).__name__}: {str(exc)[:200]})",
+                    hint="the image's files are malformed; rebuild it")
+
+
 def _error_row(ref: str, exc: DsparkPatchError, **extra: str | None) -> ImageStatus:
     # An image that is there but holds no vLLM was read: it is a finding (1), not bad input.
     code = exc.exit_code
@@ -96,6 +104,8 @@ def status(request: StatusRequest, *, on_progress: ProgressCallback | None = Non
             rows[root] = _error_row(root, exc)
         except OSError as exc:
             rows[root] = _error_row(root, BadInput(f"--root {root}: cannot read it ({exc.strerror or exc})"))
+        except (ValueError, LookupError, TypeError, UnicodeError, tarfile.TarError) as exc:
+            rows[root] = _error_row(root, unreadable(root, exc))
         progress(root, "done", rows[root])
 
     if request.images:
@@ -142,6 +152,8 @@ def _read_images(request: StatusRequest, patchsets: Sequence[PatchSet], progress
                 return row_from_site(ref, reader.read_site(DISTRIBUTION, keep=patched_paths(patchsets)), patchsets, **extra)
         except DsparkPatchError as exc:
             return _error_row(ref, exc, **extra)
+        except (ValueError, LookupError, TypeError, UnicodeError, tarfile.TarError) as exc:
+            return _error_row(ref, unreadable(ref, exc), **extra)
 
     with ThreadPoolExecutor(max_workers=max(1, request.jobs), thread_name_prefix="status") as pool:
         futures = {pool.submit(read_one, image_id, names): image_id for image_id, names in by_id.items()}
@@ -169,6 +181,8 @@ def _read_layers(engine: DockerEngine, by_id: dict[str, list[str]], patchsets: S
         views = save_views(engine, list(by_id), DISTRIBUTION, keep=patched_paths(patchsets))
     except DsparkPatchError as exc:
         failure = exc
+    except (ValueError, LookupError, TypeError, UnicodeError, tarfile.TarError) as exc:
+        failure = unreadable("the images' layers", exc)
     for image_id, names in by_id.items():
         info = engine.image_info(image_id)
         extra: dict[str, str | None] = {"id": image_id, "platform": _platform(engine, image_id)}
@@ -185,6 +199,8 @@ def _read_layers(engine: DockerEngine, by_id: dict[str, list[str]], patchsets: S
                        if site is None else row_from_site(names[0], site, patchsets, **extra))
             except DsparkPatchError as exc:  # this image's row; the others stay
                 row = _error_row(names[0], exc, **extra)
+            except (ValueError, LookupError, TypeError, UnicodeError) as exc:
+                row = _error_row(names[0], unreadable(names[0], exc), **extra)
         for name in names:
             rows[name] = replace(row, ref=name)
             progress(name, "done", rows[name])
