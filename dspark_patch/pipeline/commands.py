@@ -208,6 +208,7 @@ def _verify(request: VerifyRequest, target: Target, run: RunLog) -> AuditReport:
     with run.step("integrity"):
         i = check_integrity(target, dist, diff, None if patchset.is_bare else variant)
         run.update(integrity=i)
+        run.notes.extend(i.notes)
         if patchset.is_bare and i.reference is None:
             run.notes.extend(i.unverified)  # a bare diff checks no release; there is nothing to check against
         else:

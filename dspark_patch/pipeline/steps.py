@@ -166,7 +166,11 @@ def check_integrity(target: Target, dist: Distribution, diff: Diff, variant: Var
             f"the integrity check could not run with {dist.python}: {result.stderr.decode('utf-8', 'replace').strip()[-300:]}"
         ) from None
     not_checked = tuple(p for p, _ in record if p.startswith(("/", "../")) or "/../" in p)
-    stale = tuple(f"{pyc} {why}" for pyc, why in sorted(bytecode.items()) if why)
+    stale = tuple(f"{pyc} {why}" for pyc, why in sorted(bytecode.items()) if why and why != "?")
+    unproven = sorted(pyc for pyc, why in bytecode.items() if why == "?")
+    notes = (f"bytecode not proven: {len(unproven)} .pyc file(s) hold their sources' names and constants but "
+             f"other instructions (compiled by another release of the interpreter?): {', '.join(unproven[:3])}"
+             + (" …" if len(unproven) > 3 else ""),) if unproven else ()
     post: dict[str, set[str | None]] = {}
     if variant is not None:
         post = {path: {expected.post_sha256} for path, expected in variant.files.items()}
@@ -175,13 +179,14 @@ def check_integrity(target: Target, dist: Distribution, diff: Diff, variant: Var
     if ref is None:
         return IntegrityReport(checked=0, not_checked=not_checked, stale_bytecode=stale, reference=None,
                                unverified=(references.no_reference(dist.name, dist.version, wheel),),
-                               bytecode_checked=len(bytecode))
+                               bytecode_checked=len(bytecode), notes=notes)
     found = references.compare(ref, hashes=files, others=doc.get("others", ()), record=record, post_images=post,
                                top_level=doc.get("top_level", ()), pth=pth, listed_anywhere=doc.get("pth_listed", ()))
     return IntegrityReport(
         checked=found.checked, mismatched=tuple(p for p in found.unexplained if p not in patched),
         missing=tuple(p for p in found.missing if p not in patched), not_checked=not_checked, stale_bytecode=stale,
-        added=found.added, reference=ref.wheel, record_disagrees=found.record_disagrees, bytecode_checked=len(bytecode))
+        added=found.added, reference=ref.wheel, record_disagrees=found.record_disagrees, bytecode_checked=len(bytecode),
+        notes=notes)
 
 
 def bytecode_paths(plan: PatchPlan, dist: Distribution) -> list[str]:
