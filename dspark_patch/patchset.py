@@ -54,6 +54,7 @@ class PatchSet:
     distribution: str
     strip: int
     probe: Path | None         # the patch set's own probe script, or None: it has none
+    probe_modules: tuple[Path, ...] = ()  # modules the probe imports, bundled with it (probe = [entry, ...])
     source: Path               # the folder (or bare diff file) it was loaded from
     variants: tuple[Variant, ...]
 
@@ -137,7 +138,7 @@ def load_dir(folder: Path) -> PatchSet:
     strip = doc.get("strip", 1)
     if not isinstance(strip, int) or isinstance(strip, bool) or strip < 0:
         raise InvalidPatchSet(f"{where}: strip must be a non-negative integer")
-    probe = _probe(folder, doc.get("probe"), where=where)
+    probe, probe_modules = _probe(folder, doc.get("probe"), where=where)
     raw_variants = doc["variants"]
     if not isinstance(raw_variants, list) or not raw_variants:
         raise InvalidPatchSet(f"{where}: needs at least one [[variants]] table")
@@ -151,23 +152,34 @@ def load_dir(folder: Path) -> PatchSet:
             seen[release] = variant.name
     return PatchSet(
         id=pid, title=_str(doc, "title", where), summary=_str(doc, "summary", where),
-        distribution=_str(doc, "distribution", where), strip=strip, probe=probe,
+        distribution=_str(doc, "distribution", where), strip=strip, probe=probe, probe_modules=probe_modules,
         source=folder, variants=variants,
     )
 
 
-def _probe(folder: Path, raw: object, *, where: str) -> Path | None:
-    """The patch set's probe: a Python file in its own folder, run by the target's interpreter."""
+def _probe(folder: Path, raw: object, *, where: str) -> tuple[Path | None, tuple[Path, ...]]:
+    """The patch set's probe: a Python file in its own folder, run by the target's interpreter.
+
+    `probe = "probe.py"` names one file; `probe = ["probe.py", "probe_x.py", ...]` names the entry
+    script first and then the modules it imports by their names (`import probe_x`), which the
+    runner bundles with it into the one source it sends.
+    """
     if raw is None:
-        return None
-    if not isinstance(raw, str) or not raw.endswith(".py"):
-        raise InvalidPatchSet(f"{where}: probe must name a .py file in the patch set's folder, got {raw!r}",
-                              hint='e.g. probe = "probe.py"; leave it out if the patch set has no probe')
-    path = _inside(folder, raw, what="probe", where=where)
-    if not path.is_file():
-        raise InvalidPatchSet(f"{where}: probe file {raw} is missing from {folder}",
-                              hint="add the file, or remove the probe key")
-    return path
+        return None, ()
+    names = raw if isinstance(raw, list) and raw else [raw]
+    paths: list[Path] = []
+    for name in names:
+        if not isinstance(name, str) or not name.endswith(".py"):
+            raise InvalidPatchSet(f"{where}: probe must name a .py file in the patch set's folder (or a list of them, the entry first), got {raw!r}",
+                                  hint='e.g. probe = "probe.py"; leave it out if the patch set has no probe')
+        path = _inside(folder, name, what="probe", where=where)
+        if not path.is_file():
+            raise InvalidPatchSet(f"{where}: probe file {name} is missing from {folder}",
+                                  hint="add the file, or remove it from the probe key")
+        if path in paths:
+            raise InvalidPatchSet(f"{where}: probe file {name} is listed twice", hint="list each file once")
+        paths.append(path)
+    return paths[0], tuple(paths[1:])
 
 
 def _inside(folder: Path, name: str, *, what: str, where: str) -> Path:

@@ -18,6 +18,7 @@ import pytest
 from dspark_patch.engine.diff import parse_diff
 from dspark_patch.engine.plan import plan_patch
 from dspark_patch.patchset import load_dir
+from dspark_patch.probe.run import bundle
 from dspark_patch.targets.fs import read_inside, write_plan
 from tests.support import vllm
 
@@ -29,10 +30,14 @@ DFLASH = "vllm/v1/worker/gpu/spec_decode/dflash/speculator.py"
 DSPARK = "vllm/v1/worker/gpu/spec_decode/dspark/speculator.py"
 UTILS = "vllm/v1/worker/gpu/spec_decode/utils.py"
 
+MODULES = load_dir(PATCH_DIR).probe_modules
+COMMON = PATCH_DIR / "probe_common.py"
+
+
 def _probe_constants() -> dict:
     # The case names, read from the probe's own source (it never imports vLLM; loading it is safe).
     namespace: dict = {"__name__": "consumer_probe_constants"}
-    exec(compile(PROBE.read_text(), str(PROBE), "exec"), namespace)
+    exec(compile(COMMON.read_text(), str(COMMON), "exec"), namespace)
     return namespace
 
 
@@ -108,7 +113,7 @@ def test_probe_passes_on_the_patched_tree(patched):
 def test_probe_run_from_its_source_writes_nothing(patched, tmp_path):
     # The image pipeline passes the source with -c: no __file__, no bytecode, no temp files.
     before = sorted(p for p in patched.rglob("*") if p.is_file() and "__pycache__" in p.parts)
-    run = probe("--site", str(patched), python=[sys.executable, "-B", "-c", PROBE.read_text()],
+    run = probe("--site", str(patched), python=[sys.executable, "-B", "-c", bundle(PROBE, MODULES)],
                 cwd=tmp_path)
     assert run.returncode == 0, run.stdout + run.stderr
     assert list(cases_of(run)) == CASES
@@ -118,14 +123,17 @@ def test_probe_run_from_its_source_writes_nothing(patched, tmp_path):
 
 
 def test_probe_source_is_standalone_and_small():
-    source = PROBE.read_text()
-    assert len(source.encode()) < 100_000
-    tree = ast.parse(source)
-    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
-    assert "__file__" not in names
-    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
-    assert imported <= set(sys.stdlib_module_names) | {"torch", "__future__"}
+    # One source travels as one argument: well under the kernel's 128 KiB limit on it.
+    assert len(bundle(PROBE, MODULES).encode()) < 100_000
+    own = {m.stem for m in MODULES}
+    assert {"probe_census", "probe_decision", "probe_allocation", "probe_consumers", "probe_runner"} <= own
+    for path in (PROBE, *MODULES):
+        tree = ast.parse(path.read_text())
+        names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+        assert "__file__" not in names, path.name
+        imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        assert imported <= set(sys.stdlib_module_names) | {"torch", "__future__"} | own, path.name
 
 
 def test_probe_fails_on_an_unpatched_tree_but_the_consumer_cases_pass(vllm033_tree):

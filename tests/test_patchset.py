@@ -31,10 +31,12 @@ def edit(folder: Path, old: str, new: str) -> None:
 @pytest.mark.parametrize(
     ("old", "new", "words"),
     [
-        ('probe = "probe.py"', 'probe = "probe.py"\ncolour = "blue"', "unknown key(s) colour"),
-        ('probe = "probe.py"', 'probe = "missing.py"', "probe file missing.py is missing"),
-        ('probe = "probe.py"', 'probe = "consumer"', "probe must name a .py file"),
-        ('probe = "probe.py"', 'probe = "../probe.py"', "must be a file inside"),
+        ('strip = 1', 'strip = 1\ncolour = "blue"', "unknown key(s) colour"),
+        ('probe = ["probe.py", ', 'probe = ["missing.py", ', "probe file missing.py is missing"),
+        ('"probe_census.py"', '"probe_gone.py"', "probe file probe_gone.py is missing"),
+        ('"probe_census.py"', '"probe.py"', "probe file probe.py is listed twice"),
+        ('probe = ["probe.py", ', 'probe = ["consumer", ', "probe must name a .py file"),
+        ('probe = ["probe.py", ', 'probe = ["../probe.py", ', "must be a file inside"),
         ('title = "', 'titel = "', "unknown key(s) titel"),
         ('diff = "vllm-0.33.0.patch"', 'diff = "missing.patch"', "diff file missing.patch is missing"),
         ('pre_sha256 = "a9f665c4', 'pre_sha256 = "A9F665C4', "64 lower-case hex"),

@@ -63,7 +63,7 @@ def probe(request: ProbeRequest, *, on_step: StepCallback | None = None,
             which = f"patch set {patchset.id}" if patchset.id else f"the bare diff {patchset.source.name}"
             raise BadInput(f"{which} has no probe, so there is nothing to run",
                            hint="choose a patch set whose patch.toml names a probe (dspark-patch show ID)")
-        probe_step(target, dist, patchset.probe, run)
+        probe_step(target, dist, patchset.probe, run, patchset.probe_modules)
         return run.report("probed")
 
     return _run(run, request.target, steps, on_pull)
@@ -164,7 +164,7 @@ def _apply(request: ApplyRequest, target: Target, run: RunLog) -> AuditReport:
             # Taken before the probe runs: nothing the probe does can reach the layer.
             take_layer(image.target, dist, plan, pyc_before, run)
         if probe is not None:
-            probe_step(target, dist, probe, run)
+            probe_step(target, dist, probe, run, patchset.probe_modules)
         else:
             run.skipped("probe", "--no-probe" if not request.probe else "this patch set has no probe")
         if image is None:
@@ -225,7 +225,7 @@ def _verify(request: VerifyRequest, target: Target, run: RunLog) -> AuditReport:
 
     if request.probe and patchset.probe is not None:
         try:
-            probe_step(target, dist, patchset.probe, run)
+            probe_step(target, dist, patchset.probe, run, patchset.probe_modules)
         except ProbeFailed as exc:
             problems.append(exc.message)
     else:

@@ -134,9 +134,9 @@ def probe_failure(report: ProbeReport) -> ProbeFailed:
     return ProbeFailed(f"the patch set's probe failed: {report.detail}", hint="see the probe cases in the report")
 
 
-def probe_step(target: Target, dist: Distribution, probe: Path, run: RunLog) -> None:
+def probe_step(target: Target, dist: Distribution, probe: Path, run: RunLog, modules: tuple[Path, ...] = ()) -> None:
     with run.step("probe"):
-        probed = run_probe(target, dist, probe)
+        probed = run_probe(target, dist, probe, modules=modules)
         run.update(probe=probed)
         if not probed.ok:
             raise probe_failure(probed)

@@ -9,6 +9,18 @@ patch.toml); this runner knows only the contract every probe keeps:
 - exit 0 every case passed, 1 a case failed, 2 usage error, 3 the interpreter lacks what the
   probe needs (torch, for the DSpark probe).
 
+A probe may be several modules (`probe = ["probe.py", "probe_x.py", ...]` in patch.toml): the
+entry first, then the modules it imports by name. `bundle` makes them one stdlib-only source:
+the modules travel compressed and are imported from memory by a finder placed first on
+`sys.meta_path`, and the entry runs as `__main__`.
+
+The DSpark probe also returns a census (`"census": [{"file", "line", "function", "symbol",
+"kind", "reached", "none_safe", "verdict"}, ...]`): every reference to the buffer, its accessor
+and the drafter helper in the installed tree. `unguarded_readers(report)` picks out those that
+make a release unsafe for the patch (reached on the DSpark V2 path and not None-safe: on
+0.31.0, the V2 runner's two `get_mtp_target_hidden_states()[:n]` sites); `dspark-patch port`
+names them from the same report, so `probe` and `port` always agree.
+
 The probe runs under the target's own interpreter (`--python` for a local tree, the image's
 python3 for an image) on CPU only, with its source passed as an argument: nothing is written
 into the target, so an image's committed layer stays exactly the patched files.
@@ -16,7 +28,9 @@ into the target, so an image's committed layer stays exactly the patched files.
 
 from __future__ import annotations
 
+import base64
 import json
+import zlib
 from pathlib import Path
 
 from ..errors import EnvironmentProblem
@@ -30,6 +44,51 @@ PROBE_TIMEOUT_S = 600.0
 _PROBE_ENV = {"CUDA_VISIBLE_DEVICES": "", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1"}
 
 
+# Prepended to a multi-module probe; {modules} and {entry} are filled in by `bundle`.
+_BUNDLE = """\
+import base64 as _b64, importlib.abc as _abc, importlib.util as _util, sys as _sys, zlib as _zlib
+_SOURCES = {modules!r}
+
+
+def _text(name):
+    return _zlib.decompress(_b64.b64decode(_SOURCES[name])).decode("utf-8")
+
+
+class _ProbeModules(_abc.MetaPathFinder, _abc.Loader):
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname in _SOURCES and fullname != "__main__":
+            return _util.spec_from_loader(fullname, self, origin="<probe:" + fullname + ".py>")
+        return None
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        name = module.__name__
+        exec(compile(_text(name), "<" + name + ".py>", "exec"), module.__dict__)
+
+
+_sys.meta_path.insert(0, _ProbeModules())
+_SOURCES["__main__"] = {entry!r}
+exec(compile(_text("__main__"), "<{entry_name}>", "exec"), {{"__name__": "__main__", "__builtins__": __builtins__}})
+"""
+
+
+def _packed(path: Path) -> str:
+    return base64.b64encode(zlib.compress(path.read_bytes(), 9)).decode("ascii")
+
+
+def bundle(probe: Path, modules: tuple[Path, ...] = ()) -> str:
+    """The one source sent to the target: `probe` alone, or it with `modules` embedded.
+
+    Each module is importable under its file's stem (`probe_census.py` -> `import probe_census`).
+    Compressed so the source stays well under the kernel's limit on one argument (128 KiB).
+    """
+    if not modules:
+        return probe.read_text(encoding="utf-8")
+    return _BUNDLE.format(modules={m.stem: _packed(m) for m in modules}, entry=_packed(probe), entry_name=probe.name)
+
+
 def _census_entry(e: dict) -> CensusEntry:
     # A probe naming no census (another patch set's) reports none; a malformed entry is an
     # unreadable verdict (KeyError/TypeError/ValueError, caught by the caller).
@@ -39,9 +98,11 @@ def _census_entry(e: dict) -> CensusEntry:
     )
 
 
-def run_probe(target: Target, dist: Distribution, probe: Path, *, timeout: float = PROBE_TIMEOUT_S) -> ProbeReport:
-    """Run the probe script `probe` (a patch set's) against `dist` with the target's python."""
-    source = probe.read_text(encoding="utf-8")
+def run_probe(target: Target, dist: Distribution, probe: Path, *, modules: tuple[Path, ...] = (),
+              timeout: float = PROBE_TIMEOUT_S) -> ProbeReport:
+    """Run the probe script `probe` (a patch set's, with the `modules` it imports) against `dist`
+    with the target's python."""
+    source = bundle(probe, modules)
     result = target.run_python(source, ["--site", dist.location, "--json"], env=_PROBE_ENV, timeout=timeout)
     stderr_tail = result.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or [""]
     if result.timed_out:
@@ -76,3 +137,12 @@ def run_probe(target: Target, dist: Distribution, probe: Path, *, timeout: float
     else:
         detail = f"probe exited {result.returncode} with every case passing; stderr: {stderr_tail[0]}"
     return ProbeReport(ok=ok, ran=True, cases=cases, census=census, detail=detail)
+
+
+def unguarded_readers(report: ProbeReport) -> tuple[CensusEntry, ...]:
+    """The census entries on the DSpark V2 path that read the buffer without a None check,
+    in the probe's order (file:line, function, symbol, kind, and the verdict saying why).
+
+    For a tree: `run_probe(target, dist, patchset.probe, modules=patchset.probe_modules)`, then
+    this on its report; empty when the probe found none (or reported no census)."""
+    return tuple(e for e in report.census if e.reached and not e.none_safe)

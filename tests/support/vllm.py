@@ -21,6 +21,11 @@ from pathlib import Path
 
 CACHE = Path(os.environ.get("DSPARK_PATCH_CACHE", Path.home() / ".cache" / "dspark-patch"))
 
+# The releases the tests read: 0.33.0 (the shipped variant), 0.32.0 (a hand port develops the
+# probe against it) and 0.31.0 (refused: no drafter helper). Any of them works with every
+# function below; each wheel is downloaded once.
+RELEASES = ("0.33.0", "0.32.0", "0.31.0")
+
 
 @contextmanager
 def _locked(name: str):
