@@ -293,3 +293,38 @@ def test_a_hostile_image_is_never_clean_and_fails_verify(tmp_path: Path) -> None
         assert any(n.startswith("bytecode not proven: 6 .pyc") for n in res.json["notes"])  # compiled by the host's 3.11.7
     finally:
         subprocess.run(["docker", "rmi", "-f", tag], capture_output=True, check=False)
+
+
+def test_the_layer_reader_sees_startup_hooks_and_pth_files_and_refuses_a_bad_record() -> None:
+    """On the layer route (a layer written here: the reader alone, no engine)."""
+    import io
+    import tarfile
+
+    from dspark_patch.errors import BadInput
+    from dspark_patch.patchset import available
+    from dspark_patch.status.assess import assess
+    from dspark_patch.targets.layerfs import LayerIndexer, merge, site_files
+
+    site = "usr/local/lib/python3.11/dist-packages"
+    wheel = (vllm.installed_tree("0.33.0") / INFO / "WHEEL").read_bytes()
+
+    def layer(files: dict[str, bytes]) -> dict:
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+            for rel, data in files.items():
+                member = tarfile.TarInfo(f"{site}/{rel}")
+                member.size = len(data)
+                tar.addfile(member, io.BytesIO(data))
+        buffer.seek(0)
+        with tarfile.open(fileobj=buffer, mode="r") as tar:
+            return LayerIndexer("vllm").index(tar)
+
+    base = {f"{INFO}/METADATA": b"Metadata-Version: 2.1\nName: vllm\nVersion: 0.33.0\n", f"{INFO}/WHEEL": wheel,
+            "vllm/__init__.py": b"", "sitecustomize/__init__.py": b"print('start')\n", "zz.pth": b"import os\n"}
+    good = layer({**base, f"{INFO}/RECORD": (record_row("vllm/__init__.py", b"") + "\n").encode()})
+    found = assess(site_files(merge([good]), "vllm"), available())
+    assert {"sitecustomize", "zz.pth"} <= set(found.added) and found.reference == f"{X86}.whl"
+    assert "vllm/envs.py" in found.missing and "vllm/envs.py" in found.record_disagrees
+    bad = layer({**base, f"{INFO}/RECORD": b"vllm/__init__.py,sha256=%%%,0\n"})
+    with pytest.raises(BadInput, match=r"RECORD: row 1"):
+        site_files(merge([bad]), "vllm")

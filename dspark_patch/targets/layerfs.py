@@ -26,7 +26,7 @@ from typing import Literal
 
 from ..errors import AmbiguousDistribution, BadInput
 from ..inside.locate import RECORD_CAP, BadRecord, parse_record
-from ..references import PTH_CAP
+from ..references import PTH_CAP, STARTUP_MODULES
 from .facts import read_facts
 from .sitefiles import SiteFiles
 
@@ -147,6 +147,8 @@ def site_files(view: dict[str, Entry], distribution: str, prefer: Sequence[str] 
             continue
         rel = path[len(prefix):]
         first, sep, rest = rel.partition("/")
+        if first.split(".", 1)[0] in STARTUP_MODULES and (sep or entry.kind == "dir"):
+            top_level.append(first)  # a sitecustomize/ package is imported at start too
         if not sep:
             if entry.kind != "dir":
                 top_level.append(rel)
@@ -180,7 +182,7 @@ def site_files(view: dict[str, Entry], distribution: str, prefer: Sequence[str] 
         (m.group(1) for p in sorted(view, reverse=True) if (m := _PY_BIN.search(p))), None)
     return SiteFiles(location="/" + site, distribution=str(meta["Name"] or distribution), release=str(meta["Version"] or ""),
                      python=python, record=record, hashes=hashes, others=tuple(sorted(others)),
-                     top_level=tuple(sorted(top_level)), listed_anywhere=listed, dist_infos=tuple(own_infos), **extra)
+                     top_level=tuple(sorted(set(top_level))), listed_anywhere=listed, dist_infos=tuple(own_infos), **extra)
 
 
 def _read(tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
