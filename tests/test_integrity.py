@@ -231,6 +231,16 @@ def test_a_malformed_record_row_is_one_line_and_the_other_rows_stay(tmp_path: Pa
         assert "RECORD" in res.assert_clean_error(2)
 
 
+def test_an_oversized_record_is_refused_unread(tmp_path: Path) -> None:
+    tree = vllm.tree_copy("0.33.0", tmp_path / "site-packages")
+    record = tree / INFO / "RECORD"
+    replace_file(record, record.read_bytes() + b"#" * (33 << 20))
+    code, doc = status_json("--root", str(tree))
+    assert code == 2 and "over the 32 MiB limit" in doc["images"][0]["error"]
+    res = run("verify", "--root", str(tree), "--python", PY, "--no-probe", "--report-dir", str(tmp_path / "v"))
+    assert "over the 32 MiB limit" in res.assert_clean_error(2)
+
+
 def test_a_fifo_in_record_or_in_place_of_a_file_never_blocks(tmp_path: Path) -> None:
     tree = vllm.tree_copy("0.33.0", tmp_path / "site-packages")
     os.mkfifo(tree / "vllm/listed_fifo")
