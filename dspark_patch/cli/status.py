@@ -43,8 +43,10 @@ def status(
 ) -> None:
     """Read-only audit of many images: vLLM release, each patch set's state, files changed or added by hand.
 
-    Exit 0: every image read and clean; 1: an image has unexplained, missing or added files, a
-    drifted or partial patch set, or no vLLM; 2: bad input (a missing image); 3: the engine."""
+    Exit 0: every image read and clean; 1: an image has unexplained, missing or added files (against
+    the published wheel), RECORD rows or bytecode that disagree, no reference for its release, a
+    drifted or partial patch set, or no vLLM; 2: bad input (a missing image, a malformed RECORD);
+    3: the engine."""
     if via not in ("auto", "layers", "container"):
         raise BadInput(f"--via {via!r}: choose auto, layers or container")
     if via == "layers" and platform is not None:
