@@ -150,3 +150,9 @@ class EnvironmentProblem(DsparkPatchError):
 
 class EngineUnreachable(EnvironmentProblem):
     kind = "engine-unreachable"
+
+
+class AmbiguousDistribution(CheckFailed):
+    """Two dist-info folders of the distribution in one site folder: which is installed is not decidable."""
+
+    kind = "ambiguous-distribution"

@@ -168,6 +168,22 @@ def test_a_release_without_a_variant_is_not_applicable_and_a_deleted_file_is_mis
 
 
 # --- a fleet of images on the real engine ------------------------------------------------------
+def _pyc(rel: str) -> str:
+    folder, _, name = rel.rpartition("/")
+    return f"{folder}/__pycache__/{name[:-3]}.cpython-311.pyc"
+
+
+def _checked_hash_pyc(source: Path, path_in_image: str, work: Path) -> bytes:
+    """Bytecode as apply writes it in the image (the fixture's python is 3.11, as this one)."""
+    import py_compile
+
+    out = work / "pyc" / source.name
+    out.parent.mkdir(parents=True, exist_ok=True)
+    py_compile.compile(str(source), cfile=str(out), dfile=path_in_image, doraise=True,
+                       invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH)
+    return out.read_bytes()
+
+
 def _docker(*args: str) -> str:
     return subprocess.run(["docker", *args], check=True, capture_output=True, text=True).stdout
 
@@ -180,7 +196,10 @@ def fleet(tmp_path_factory: pytest.TempPathFactory):
     post = patched_tree(work / "post" / "site-packages")
     name = f"dspark-patch-test/status-{secrets.token_hex(4)}"
     contents = {
-        "patched": {ENVS: (post / ENVS).read_bytes(), MODEL: (post / MODEL).read_bytes()},
+        # As apply leaves it: the post-images and their checked-hash bytecode, compiled for the
+        # image's path (a stale .pyc beside a patched file would be a finding).
+        "patched": {ENVS: (post / ENVS).read_bytes(), MODEL: (post / MODEL).read_bytes(),
+                    **{_pyc(rel): _checked_hash_pyc(post / rel, f"{SITE}/{rel}", work) for rel in (ENVS, MODEL)}},
         "edited": {ENVS: (post / ENVS).read_bytes() + b"# by hand\n", MODEL: (post / MODEL).read_bytes()},
         "elsewhere": {ELSEWHERE: (post / ELSEWHERE).read_bytes() + b"# by hand\n"},
         "added": {"vllm/extra_hook.py": b"print('hello')\n", "zz-hook.pth": b"import os\n"},

@@ -114,8 +114,11 @@ def summary(report: AuditReport, report_dir: Path | None) -> None:
         rows.append(("probe", f"{passed}/{len(report.probe.cases)} cases pass" + ("" if report.probe.ok else f"  {report.probe.detail}")))
     if report.integrity:
         i = report.integrity
-        rows.append(("integrity", f"{i.checked} RECORD files checked, {len(i.mismatched)} mismatched, "
-                                  f"{len(i.missing)} missing, {len(i.added)} added, {len(i.not_checked)} outside the tree not checked"))
+        against = f"against {i.reference}" if i.reference else "(no published wheel known to check against)"
+        rows.append(("integrity", f"{i.checked} files checked {against}, {len(i.mismatched)} mismatched, "
+                                  f"{len(i.missing)} missing, {len(i.added)} added, {len(i.record_disagrees)} RECORD rows "
+                                  f"disagree, {i.bytecode_checked} .pyc recompiled, {len(i.not_checked)} outside the tree "
+                                  "not checked"))
     if report.layer:
         rows.append(("layer", f"{len(report.layer.changes)} changes" + ("" if report.layer.ok else f", {len(report.layer.unexpected)} unexpected")))
     if report.result_image:

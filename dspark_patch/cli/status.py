@@ -44,8 +44,10 @@ def status(
 ) -> None:
     """Read-only audit of many images: vLLM release, each patch set's state, files changed or added by hand.
 
-    Exit 0: every image read and clean; 1: an image has unexplained, missing or added files, a
-    drifted or partial patch set, or no vLLM; 2: bad input (a missing image); 3: the engine."""
+    Exit 0: every image read and clean; 1: an image has unexplained, missing or added files (against
+    the published wheel), RECORD rows or bytecode that disagree, no reference for its release, a
+    drifted or partial patch set, or no vLLM; 2: bad input (a missing image, a malformed RECORD);
+    3: the engine."""
     if via not in ("auto", "layers", "container"):
         raise BadInput(f"--via {via!r}: choose auto, layers or container")
     if via == "layers" and platform is not None:
@@ -119,9 +121,12 @@ def _table(fleet: FleetStatus) -> None:
         if image.error:
             _out.print(f"{image.ref}: not read: {image.error}", markup=False)
         for label, paths in (("unexplained", image.unexplained), ("missing", image.missing), ("added", image.added),
-                             ("vLLM no interpreter imports (not read)", image.unimported)):
+                             ("vLLM no interpreter imports (not read)", image.unimported),
+                             ("RECORD disagrees with the wheel", image.record_disagrees), ("bytecode", image.bytecode)):
             for path in paths:
                 _out.print(f"{image.ref}: {label}: {path}", markup=False)
+        for line in image.unverified:
+            _out.print(f"{image.ref}: {line}", markup=False)
         for detail in image.attested_detail:
             _out.print(f"{image.ref}: attestation: {detail}", markup=False)
 

@@ -3,11 +3,17 @@
 They travel as `python -B -c SOURCE ARGS` (nothing is written into an image to run them),
 print one JSON document on stdout, and never import the patched distribution.
 `source(name)` gives a script's text for a target's `run_python`.
+
+They run isolated (`ISOLATED`: `-I`, so neither the cwd nor the script's folder is on sys.path
+and no PYTHON* variable or user site applies) with a cwd outside the target's tree, so a
+target's own `json.py` or `platform.py` can never shadow the standard library they import.
 """
 
 from __future__ import annotations
 
 from importlib import resources
+
+ISOLATED = ("-I", "-B")
 
 
 def source(name: str) -> str:

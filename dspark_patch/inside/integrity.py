@@ -1,72 +1,44 @@
-"""Check an installed distribution against its RECORD, and patched files' bytecode.
+"""Gather an installed distribution's files, and prove its bytecode, with the target's interpreter.
 
-Usage: python -B -c SOURCE REQUEST_JSON, where the request is
-  {"location": DIR, "record": "vllm-0.33.0.dist-info/RECORD",
-   "skip": [paths checked elsewhere (the patched files)], "bytecode": [patched source paths]}
-Prints {"checked", "mismatched", "missing", "not_checked", "added", "bytecode": {path: detail-or-""}}.
-RECORD entries that point outside the location (a `--target` install records console scripts
-as ../../bin/vllm) are listed as not checked and never followed.
+Usage: python -I -B -c SOURCE REQUEST_JSON, where the request is
+  {"location": DIR, "folders": [the distribution's own top-level folders],
+   "patched": [patched source paths, relative to location]}
+Prints {"files": {path: [sha256, size]}, "others": [entries that are not regular files],
+"top_level": [names], "pth": {name: text (latin-1) or null}, "pth_listed": [names],
+"bytecode": {pyc path: why-not-or-""}, "proven": N}. The host (dspark_patch.references
+`compare`) checks those facts against the published wheel; nothing here trusts the RECORD.
 
-What counts as *added* (`added_files`) is shared with `dspark-patch status`, which reads an
-image's files without running it and imports this module (stdlib only, no upward import):
-a file RECORD does not list inside the distribution's own top-level folders (its packages and
-its dist-info), bytecode of a listed module aside; and a `.pth` file in the site folder that no
-installed distribution's RECORD lists, because `site` runs such files' import lines at every
-interpreter start.
+Every entry is looked at with lstat first: a FIFO, socket, device or symlink is listed in
+`others` and never opened, so nothing here can block on it.
+
+Bytecode (`bytecode`): every `__pycache__/m.<this interpreter's tag>[.opt-N].pyc` whose source
+`m.py` is there, i.e. every .pyc this interpreter would load, is recompiled from its source with
+this interpreter and compared: byte for byte first, then as code objects (`==`, which compares
+the bytecode, constants, names and line tables but not `co_filename`, the path the file was
+compiled at: pip compiles in a temporary folder, so bytes of pip-written timestamp bytecode
+never match a fresh compile, its code objects do). Where they differ only in instructions and
+line tables (the names, constants and nesting are the source's: another patch release of the
+interpreter compiled it), the .pyc is "?" (not proven, a note), except for the patched files,
+whose bytecode the tool wrote with this interpreter. A .pyc the interpreter would not load (its
+header does not match the source, another magic number) is harmless and skipped, except for the
+patched files, whose bytecode the tool wrote checked-hash: there any other header is named.
+
+`own_folders` and `added_files` are the old RECORD-based rule, kept for `dspark-patch status`
+when no reference exists for a release (status/assess.py); stdlib only, no upward import.
 """
 
-import base64
-import csv
 import hashlib
 import importlib.util
 import json
+import marshal
 import os
+import re
+import stat
 import sys
 
-
-def _digest(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.digest()
-
-
-def _inside(location, rel):
-    full = os.path.realpath(os.path.join(location, rel))
-    root = os.path.realpath(location)
-    return full == root or full.startswith(root + os.sep)
-
-
-def check_record(location, record, skip):
-    skip = set(skip)
-    checked, mismatched, missing, not_checked = 0, [], [], []
-    with open(os.path.join(location, record), newline="", encoding="utf-8") as fh:
-        rows = list(csv.reader(fh))
-    for row in rows:
-        if not row:
-            continue
-        rel, hash_field = row[0], (row[1] if len(row) > 1 else "")
-        if os.path.isabs(rel) or not _inside(location, rel):
-            not_checked.append(rel)
-            continue
-        if rel in skip or not hash_field:
-            continue
-        algo, _, b64 = hash_field.partition("=")
-        full = os.path.join(location, rel)
-        if algo != "sha256":
-            not_checked.append(rel)
-            continue
-        try:
-            actual = _digest(full)
-        except FileNotFoundError:
-            missing.append(rel)
-            continue
-        checked += 1
-        expected = base64.urlsafe_b64decode(b64 + "=" * (-len(b64) % 4))
-        if actual != expected:
-            mismatched.append(rel)
-    return {"checked": checked, "mismatched": mismatched, "missing": missing, "not_checked": not_checked}
+PTH_CAP = 64 * 1024
+PYC_CAP = 64 << 20
+_PYC = re.compile(r"^(?P<stem>[^.]+)\.(?P<tag>[^.]+)(?:\.opt-(?P<opt>[12]))?\.pyc$")
 
 
 def own_folders(record_paths):
@@ -113,79 +85,182 @@ def added_files(present, listed, folders, pth_listed):
     return sorted(added)
 
 
-def _present_files(location, folders):
-    found = []
+def _walk(location, folders):
+    """(files {rel: [sha256, size]}, others [rel]) of the own folders, lstat before any open."""
+    files, others = {}, []
     for folder in sorted(folders):
         top = os.path.join(location, folder)
-        if os.path.islink(top) or not os.path.isdir(top):
+        try:
+            mode = os.lstat(top).st_mode
+        except FileNotFoundError:
+            continue
+        if not stat.S_ISDIR(mode):
+            others.append(folder)
             continue
         for dirpath, dirnames, filenames in os.walk(top):
             rel_dir = os.path.relpath(dirpath, location).replace(os.sep, "/")
-            # A symlinked folder is an entry of its own, not a tree to walk into.
-            for name in [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
-                found.append(f"{rel_dir}/{name}")
-            dirnames[:] = [d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))]
-            found.extend(f"{rel_dir}/{name}" for name in filenames)
-    with os.scandir(location) as entries:
-        found.extend(e.name for e in entries if e.name.endswith(".pth") and not e.is_dir())
-    return found
+            keep = []
+            for name in dirnames:
+                if stat.S_ISDIR(os.lstat(os.path.join(dirpath, name)).st_mode):
+                    keep.append(name)
+                else:
+                    others.append(f"{rel_dir}/{name}")  # a symlinked folder: an entry, not a tree
+            dirnames[:] = keep
+            for name in filenames:
+                full = os.path.join(dirpath, name)
+                st = os.lstat(full)
+                if not stat.S_ISREG(st.st_mode):
+                    others.append(f"{rel_dir}/{name}")
+                    continue
+                h = hashlib.sha256()
+                with open(full, "rb") as fh:
+                    for chunk in iter(lambda: fh.read(1 << 20), b""):
+                        h.update(chunk)
+                files[f"{rel_dir}/{name}"] = [h.hexdigest(), st.st_size]
+    return files, sorted(others)
 
 
-def _all_record_paths(location):
-    """Every path any distribution in the site folder lists in its RECORD."""
-    paths: set = set()
-    with os.scandir(location) as entries:
-        infos = [e.path for e in entries if e.name.endswith(".dist-info") and e.is_dir()]
-    for info in infos:
-        try:
-            with open(os.path.join(info, "RECORD"), newline="", encoding="utf-8") as fh:
-                paths.update(row[0] for row in csv.reader(fh) if row)
-        except (OSError, UnicodeDecodeError, csv.Error):
+def _top_level(location):
+    names, pth, listed = [], {}, set()
+    with os.scandir(location) as it:
+        entries = sorted(it, key=lambda e: e.name)
+    for entry in entries:
+        st = entry.stat(follow_symlinks=False)
+        if stat.S_ISDIR(st.st_mode):
+            if entry.name.split(".", 1)[0] in ("sitecustomize", "usercustomize"):
+                names.append(entry.name)
+            if entry.name.endswith(".dist-info"):
+                record = os.path.join(entry.path, "RECORD")
+                try:
+                    rst = os.lstat(record)
+                    if stat.S_ISREG(rst.st_mode) and rst.st_size <= (32 << 20):
+                        with open(record, encoding="utf-8", errors="replace") as fh:
+                            for line in fh:
+                                first = line.split(",", 1)[0]
+                                if first.endswith(".pth") and "/" not in first:
+                                    listed.add(first)
+                except OSError:
+                    pass
             continue
-    return paths
+        names.append(entry.name)
+        if entry.name.endswith(".pth"):
+            if stat.S_ISREG(st.st_mode) and st.st_size <= PTH_CAP:
+                with open(entry.path, "rb") as fh:
+                    pth[entry.name] = fh.read(PTH_CAP).decode("latin-1")
+            else:
+                pth[entry.name] = None  # type: ignore[assignment]
+    return names, pth, sorted(listed)
 
 
-def check_added(location, record, extra_listed):
-    with open(os.path.join(location, record), newline="", encoding="utf-8") as fh:
-        listed = {row[0] for row in csv.reader(fh) if row}
-    listed.update(extra_listed)
-    folders = own_folders(listed)
-    return added_files(_present_files(location, folders), listed, folders, _all_record_paths(location))
+def _read_regular(path, cap):
+    st = os.lstat(path)
+    if not stat.S_ISREG(st.st_mode) or st.st_size > cap:
+        return None
+    with open(path, "rb") as fh:
+        return fh.read(cap + 1)
 
 
-def check_bytecode(location, rel):
-    """'' when the cached bytecode exists and is valid for the current source; else why not."""
-    source_path = os.path.join(location, rel)
-    pyc = importlib.util.cache_from_source(source_path)
-    try:
-        with open(source_path, "rb") as fh:
-            source = fh.read()
-        with open(pyc, "rb") as fh:
-            header = fh.read(16)
-    except FileNotFoundError as exc:
-        return f"missing {os.path.relpath(exc.filename, location)}"
+def _header_loads(header, source, source_path):
+    """Would this interpreter load bytecode with this header for this source? '' yes, else why not."""
     if len(header) < 16 or header[:4] != importlib.util.MAGIC_NUMBER:
-        return f"{os.path.relpath(pyc, location)} was not written by this interpreter"
+        return "was not written by this interpreter"
     flags = int.from_bytes(header[4:8], "little")
+    if flags & ~0b11:
+        return f"has unknown flags {flags:#x}"
     if flags & 0b1:
-        if header[8:16] != importlib.util.source_hash(source):
-            return f"{os.path.relpath(pyc, location)} is stale: its source hash does not match the file"
-        if not flags & 0b10:
-            return f"{os.path.relpath(pyc, location)} is unchecked-hash bytecode (never revalidated)"
+        if flags & 0b10 and header[8:16] != importlib.util.source_hash(source):
+            return "is stale: its source hash does not match the file"
         return ""
-    mtime = int(os.stat(source_path).st_mtime) & 0xFFFFFFFF
-    size = len(source) & 0xFFFFFFFF
-    if header[8:12] != mtime.to_bytes(4, "little") or header[12:16] != size.to_bytes(4, "little"):
-        return f"{os.path.relpath(pyc, location)} is stale: timestamp bytecode does not match the file"
-    return f"{os.path.relpath(pyc, location)} is timestamp bytecode, expected checked-hash"
+    st = os.stat(source_path)
+    if header[8:12] != (int(st.st_mtime) & 0xFFFFFFFF).to_bytes(4, "little") or \
+            header[12:16] != (len(source) & 0xFFFFFFFF).to_bytes(4, "little"):
+        return "is stale: timestamp bytecode does not match the file"
+    return ""
+
+
+def check_pyc(location, pyc_rel, source_rel, opt, *, patched):
+    """'' when the .pyc this interpreter would load has the code of its source; else why not."""
+    pyc = os.path.join(location, pyc_rel)
+    source_path = os.path.join(location, source_rel)
+    source = _read_regular(source_path, PYC_CAP)
+    data = _read_regular(pyc, PYC_CAP)
+    if source is None or data is None:
+        return "is not a regular file (or is too large)"
+    why = _header_loads(data[:16], source, source_path)
+    if why:
+        return why if patched else ""   # never loaded: harmless, except where the tool wrote it
+    flags = int.from_bytes(data[4:8], "little")
+    if patched and not flags & 0b1:
+        return "is timestamp bytecode, expected checked-hash"
+    if patched and not flags & 0b10:
+        return "is unchecked-hash bytecode (never revalidated)"
+    try:
+        fresh = compile(source, source_path, "exec", dont_inherit=True, optimize=opt)
+    except (SyntaxError, ValueError) as exc:
+        return f"has no source to match: {source_rel} does not compile ({type(exc).__name__})"
+    if marshal.dumps(fresh) == data[16:]:
+        return ""
+    try:
+        loaded = marshal.loads(data[16:])
+    except (EOFError, ValueError, TypeError):
+        return "is not valid bytecode"
+    if loaded == fresh:
+        return ""
+    if not patched and _same_shape(loaded, fresh):
+        return UNPROVEN
+    return f"does not hold the code of {source_rel} (recompiled with this interpreter and compared)"
+
+
+UNPROVEN = "?"   # same names, constants and nesting as a fresh compile, other instructions
+
+
+def _same_shape(a, b):
+    """Everything of two code objects but their instructions, line and exception tables.
+
+    Another patch release of the interpreter (same magic number) can compile a function to other
+    instructions (3.11.2 and 3.11.7 do, for a few of vLLM's): such bytecode is not proven, but
+    it names nothing and holds no constant its source does not."""
+    if type(a) is not type(b):
+        return False
+    if not hasattr(a, "co_code"):
+        return a == b
+    for attr in ("co_name", "co_qualname", "co_names", "co_varnames", "co_freevars", "co_cellvars",
+                 "co_argcount", "co_posonlyargcount", "co_kwonlyargcount", "co_flags", "co_firstlineno"):
+        if getattr(a, attr, None) != getattr(b, attr, None):
+            return False
+    if len(a.co_consts) != len(b.co_consts):
+        return False
+    return all(_same_shape(a.co_consts[i], b.co_consts[i]) for i in range(len(a.co_consts)))
+
+
+def check_bytecode_all(location, files, patched):
+    tag = sys.implementation.cache_tag
+    results = {}
+    for rel in sorted(files):
+        folder, _, name = rel.rpartition("/")
+        parent, _, last = folder.rpartition("/")
+        found = _PYC.match(name)
+        if last != "__pycache__" or found is None or found.group("tag") != tag:
+            continue
+        source_rel = f"{parent + '/' if parent else ''}{found.group('stem')}.py"
+        if source_rel not in files:
+            continue  # sourceless: never loaded from __pycache__; the host counts it as added
+        opt = int(found.group("opt") or 0)
+        results[rel] = check_pyc(location, rel, source_rel, opt, patched=source_rel in patched)
+    for source_rel in patched:  # the tool compiled these: their bytecode must be there
+        pyc = importlib.util.cache_from_source(source_rel)
+        if source_rel in files and pyc not in results:
+            results[pyc] = "is missing"
+    return results
 
 
 def main(request):
     location = request["location"]
-    result = check_record(location, request["record"], request.get("skip", []))
-    result["added"] = check_added(location, request["record"], request.get("skip", []))
-    result["bytecode"] = {rel: check_bytecode(location, rel) for rel in request.get("bytecode", [])}
-    return result
+    files, others = _walk(location, request["folders"])
+    top_level, pth, pth_listed = _top_level(location)
+    patched = set(request.get("patched", []))
+    return {"files": files, "others": others, "top_level": top_level, "pth": pth, "pth_listed": pth_listed,
+            "bytecode": check_bytecode_all(location, files, patched), "cache_tag": sys.implementation.cache_tag}
 
 
 if __name__ == "__main__":

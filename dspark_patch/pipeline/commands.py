@@ -221,11 +221,17 @@ def _verify(request: VerifyRequest, target: Target, run: RunLog) -> AuditReport:
                 problems.append(f"{fr.path} is {state}")
 
     with run.step("integrity"):
-        i = check_integrity(target, dist, diff)
+        i = check_integrity(target, dist, diff, None if patchset.is_bare else variant)
         run.update(integrity=i)
-        problems += [f"{p}: does not match RECORD" for p in i.mismatched]
-        problems += [f"{p}: missing (listed in RECORD)" for p in i.missing]
-        problems += [f"{p}: added (not listed in RECORD)" for p in i.added]
+        run.notes.extend(i.notes)
+        if patchset.is_bare and i.reference is None:
+            run.notes.extend(i.unverified)  # a bare diff checks no release; there is nothing to check against
+        else:
+            problems += list(i.unverified)
+        problems += [f"{p}: does not match the published wheel" for p in i.mismatched]
+        problems += [f"{p}: missing (the published wheel has it)" for p in i.missing]
+        problems += [f"{p}: added (not in the published wheel)" for p in i.added]
+        problems += [f"{p}: the RECORD row disagrees with the published wheel" for p in i.record_disagrees]
         problems += list(i.stale_bytecode)
 
     if isinstance(target, ImageCapable):

@@ -8,6 +8,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+from .. import references
 from ..engine.diff import Diff, parse_diff
 from ..engine.plan import FilePlan, PatchPlan, plan_patch
 from ..errors import (
@@ -20,6 +21,7 @@ from ..errors import (
     VerifyMismatch,
 )
 from ..inside import source as inside_source
+from ..inside.integrity import own_folders
 from ..patchset import PatchSet, Variant, resolve
 from ..probe.prestart import EarlyProbe
 from ..probe.run import run_probe, start_probe_early
@@ -174,22 +176,51 @@ def probe_step(target: Target, dist: Distribution, probe: Path, run: RunLog, mod
             raise probe_failure(probed)
 
 
-def check_integrity(target: Target, dist: Distribution, diff: Diff) -> IntegrityReport:
-    if dist.record_file is None:
-        return IntegrityReport(checked=0, not_checked=("RECORD missing",))
-    py_files = [fp.path for fp in diff.files if fp.action != "delete" and fp.path.endswith(".py")]
-    request = {"location": dist.location, "record": dist.record_file,
-               "skip": [fp.path for fp in diff.files], "bytecode": py_files}
-    result = target.run_python(inside_source("integrity"), [json.dumps(request)], timeout=600)
+def check_integrity(target: Target, dist: Distribution, diff: Diff, variant: Variant | None = None,
+                    *, bare: bool = False) -> IntegrityReport:
+    """The distribution against the published wheel (dspark_patch.references), its own RECORD
+    against the same, and every .pyc its interpreter would load recompiled and compared
+    (inside/integrity.py). The facts are gathered by the target's interpreter, run isolated;
+    the verdict is taken here."""
+    patched = {fp.path for fp in diff.files}
+    py_files = sorted(fp.path for fp in diff.files if fp.action != "delete" and fp.path.endswith(".py"))
+    record = [(e.path, e.sha256) for e in dist.record]
+    top = dist.name.replace("-", "_").lower()
+    folders = own_folders(p for p, _ in record) | {top}
+    folders |= references.folders_of(dist.name, dist.version)
+    request = {"location": dist.location, "folders": sorted(folders), "patched": py_files}
+    result = target.run_python(inside_source("integrity"), [json.dumps(request)], timeout=900)
     try:
         doc = json.loads(result.stdout.decode("utf-8"))
-    except ValueError:
+        files = {str(p): str(v[0]) for p, v in doc["files"].items()}
+        pth = {str(k): (None if v is None else str(v).encode("latin-1")) for k, v in doc["pth"].items()}
+        bytecode = {str(k): str(v) for k, v in doc["bytecode"].items()}
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError):
         raise VerifyMismatch(
             f"the integrity check could not run with {dist.python}: {result.stderr.decode('utf-8', 'replace').strip()[-300:]}"
         ) from None
-    stale = tuple(f"{path}: {why}" for path, why in doc["bytecode"].items() if why)
-    return IntegrityReport(checked=doc["checked"], mismatched=tuple(doc["mismatched"]), missing=tuple(doc["missing"]),
-                           not_checked=tuple(doc["not_checked"]), stale_bytecode=stale, added=tuple(doc["added"]))
+    not_checked = tuple(p for p, _ in record if p.startswith(("/", "../")) or "/../" in p)
+    stale = tuple(f"{pyc} {why}" for pyc, why in sorted(bytecode.items()) if why and why != "?")
+    unproven = sorted(pyc for pyc, why in bytecode.items() if why == "?")
+    notes = (f"bytecode not proven: {len(unproven)} .pyc file(s) hold their sources' names and constants but "
+             f"other instructions (compiled by another release of the interpreter?): {', '.join(unproven[:3])}"
+             + (" …" if len(unproven) > 3 else ""),) if unproven else ()
+    post: dict[str, set[str | None]] = {}
+    if variant is not None:
+        post = {path: {expected.post_sha256} for path, expected in variant.files.items()}
+    wheel = references.wheel_hash(dist.name, dist.version, files)
+    ref = references.find(dist.name, dist.version, wheel)
+    if ref is None:
+        return IntegrityReport(checked=0, not_checked=not_checked, stale_bytecode=stale, reference=None,
+                               unverified=(references.no_reference(dist.name, dist.version, wheel),),
+                               bytecode_checked=len(bytecode), notes=notes)
+    found = references.compare(ref, hashes=files, others=doc.get("others", ()), record=record, post_images=post,
+                               top_level=doc.get("top_level", ()), pth=pth, listed_anywhere=doc.get("pth_listed", ()))
+    return IntegrityReport(
+        checked=found.checked, mismatched=tuple(p for p in found.unexplained if p not in patched),
+        missing=tuple(p for p in found.missing if p not in patched), not_checked=not_checked, stale_bytecode=stale,
+        added=found.added, reference=ref.wheel, record_disagrees=found.record_disagrees, bytecode_checked=len(bytecode),
+        notes=notes)
 
 
 def bytecode_paths(plan: PatchPlan, dist: Distribution) -> list[str]:

@@ -141,14 +141,14 @@ def check_cases(report: AuditReport) -> list[CheckCase]:
 
     i = report.integrity
     if i is not None:
-        bad = [*(f"differs: {p}" for p in i.mismatched), *(f"missing: {p}" for p in i.missing),
-               *(f"added: {p}" for p in i.added)]
+        bad = [*i.unverified, *(f"differs: {p}" for p in i.mismatched), *(f"missing: {p}" for p in i.missing),
+               *(f"added: {p}" for p in i.added), *(f"RECORD row disagrees: {p}" for p in i.record_disagrees)]
         cases.append(
             CheckCase(
                 group="integrity",
-                name=f"integrity: {i.checked} RECORD entries",
+                name=f"integrity: {i.checked} files of the published wheel",
                 outcome="failed" if bad else "passed",
-                message=f"{len(bad)} of the distribution's other files do not match RECORD" if bad else "",
+                message=f"{len(bad)} findings against the published wheel" if bad else "",
                 detail="\n".join(bad),
             )
         )

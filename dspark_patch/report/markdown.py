@@ -234,12 +234,15 @@ def to_markdown(report: AuditReport) -> str:
     i = report.integrity
     if i is not None:
         lines += ["### Integrity of the rest of the distribution", ""]
-        lines.append(f"{i.checked} other files checked against RECORD.")
+        against = f"the published wheel {_code(i.reference)}" if i.reference else "no published wheel (none known)"
+        lines.append(f"{i.checked} files checked against {against}; {i.bytecode_checked} .pyc files recompiled and compared.")
+        lines += [f"- ❌ {_cell(u)}" for u in i.unverified]
         for label, paths in (
-            ("❌ differ from RECORD", i.mismatched),
+            ("❌ differ from the published wheel", i.mismatched),
             ("❌ missing", i.missing),
-            ("❌ added (not in RECORD)", i.added),
-            ("❌ stale bytecode", i.stale_bytecode),
+            ("❌ added (not in the published wheel)", i.added),
+            ("❌ RECORD rows that disagree with the published wheel", i.record_disagrees),
+            ("❌ bytecode", i.stale_bytecode),
             ("not checked (outside the distribution's folder, never followed)", i.not_checked),
         ):
             if paths:

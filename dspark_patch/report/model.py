@@ -131,9 +131,14 @@ class IntegrityReport:
     missing: tuple[str, ...] = ()
     not_checked: tuple[str, ...] = ()   # entries pointing outside `location`, never followed
     stale_bytecode: tuple[str, ...] = ()
-    # Files RECORD does not list inside the distribution's own folders, and .pth files in the
-    # site folder no distribution lists (rule: inside/integrity.py `added_files`).
+    # Files the published wheel does not hold inside the distribution's own folders, startup
+    # hooks and unknown .pth files at the site folder's top (rules: dspark_patch/references `compare`).
     added: tuple[str, ...] = ()
+    reference: str | None = None          # the published wheel checked against; None: none known (a failure)
+    record_disagrees: tuple[str, ...] = ()  # the target's RECORD rows that differ from the wheel
+    unverified: tuple[str, ...] = ()      # "no reference for vllm X …"
+    bytecode_checked: int = 0             # .pyc files the interpreter would load, recompiled and compared
+    notes: tuple[str, ...] = ()           # "bytecode not proven: …" (instructions differ, names and constants do not)
 
 
 @dataclass(frozen=True, kw_only=True)

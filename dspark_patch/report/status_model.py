@@ -27,10 +27,16 @@ class ImageStatus:
     release: str | None = None
     python: str | None = None             # "3.11"
     patch_sets: tuple[tuple[str, PatchSetState], ...] = ()
-    unexplained: tuple[str, ...] = ()     # differ from RECORD, no known patch set's post-image explains them
-    missing: tuple[str, ...] = ()         # listed in RECORD, not there
-    added: tuple[str, ...] = ()           # not in RECORD (rule: inside/integrity.py `added_files`)
+    unexplained: tuple[str, ...] = ()     # differ from the published wheel, no known patch set's post-image explains them
+    missing: tuple[str, ...] = ()         # in the published wheel, not there
+    added: tuple[str, ...] = ()           # not in the wheel (rules: dspark_patch/references `compare`)
     unimported: tuple[str, ...] = ()      # other site folders with vLLM that no interpreter imports (not read)
+    # Checked against the published wheel (references/): the wheel's file name, None when no
+    # reference exists for this release and platform (then `unverified` says so: never clean).
+    reference: str | None = None
+    record_disagrees: tuple[str, ...] = ()  # the image's RECORD rows that differ from the wheel
+    bytecode: tuple[str, ...] = ()          # .pyc whose header does not match its source: "path: why"
+    unverified: tuple[str, ...] = ()        # what status could not prove (no reference; bytecode not verified)
     error: str | None = None              # why the image could not be read (the row's only content then)
     attested: tuple[tuple[str, AttestedState], ...] = ()  # with --key: per applied patch set
     attested_detail: tuple[str, ...] = ()  # why an attestation is missing or invalid, one line each
@@ -38,7 +44,9 @@ class ImageStatus:
 
     @property
     def findings(self) -> bool:
-        return bool(self.unexplained or self.missing or self.added) or any(
+        if self.error is None and self.reference is None:
+            return True  # no reference: nothing proves these files are the release's
+        return bool(self.unexplained or self.missing or self.added or self.record_disagrees or self.bytecode) or any(
             state in ("partial", "drifted") for _, state in self.patch_sets) or any(
             state == "invalid" for _, state in self.attested)
 

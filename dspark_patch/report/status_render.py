@@ -20,7 +20,10 @@ def _row(image: ImageStatus) -> dict[str, Any]:
         "ref": image.ref, "id": image.id, "platform": image.platform, "release": image.release,
         "python": image.python, "location": image.location, "patch_sets": dict(image.patch_sets),
         "unexplained": list(image.unexplained), "missing": list(image.missing), "added": list(image.added),
-        "unimported": list(image.unimported), "error": image.error, "exit_code": image.exit_code,
+        "unimported": list(image.unimported),
+        "reference": image.reference, "record_disagrees": list(image.record_disagrees),
+        "bytecode": list(image.bytecode), "unverified": list(image.unverified),
+        "error": image.error, "exit_code": image.exit_code,
         "attested": dict(image.attested), "attested_detail": list(image.attested_detail),
     }
 
@@ -61,12 +64,15 @@ def to_status_markdown(fleet: FleetStatus) -> str:
                      + f" | {len(image.unexplained)} | {len(image.missing)} | {len(image.added)} |"
                      + (f" {_cell(attested)} |" if keyed else ""))
     for image in fleet.images:
-        if image.error or image.unexplained or image.missing or image.added or image.attested_detail or image.unimported:
+        if image.error or image.unexplained or image.missing or image.added or image.record_disagrees or image.bytecode \
+                or image.unverified or image.attested_detail or image.unimported:
             lines += ["", f"### `{_cell(image.ref)}`", ""]
             if image.error:
                 lines.append(f"not read: {_cell(image.error)}")
+            lines += [f"- {_cell(line)}" for line in image.unverified]
             lines += [f"- attestation: {_cell(d)}" for d in image.attested_detail]
             for label, paths in (("unexplained", image.unexplained), ("missing", image.missing), ("added", image.added),
+                                 ("RECORD disagrees with the wheel", image.record_disagrees), ("bytecode", image.bytecode),
                                  ("vLLM no interpreter imports (not read)", image.unimported)):
                 if paths:
                     lines += [f"{label}:", *(f"- `{p}`" for p in paths)]
@@ -86,6 +92,9 @@ def to_status_junit(fleet: FleetStatus) -> str:
         detail += [f"unexplained: {p}" for p in image.unexplained]
         detail += [f"missing: {p}" for p in image.missing]
         detail += [f"added: {p}" for p in image.added]
+        detail += [f"RECORD disagrees with the wheel: {p}" for p in image.record_disagrees]
+        detail += [f"bytecode: {p}" for p in image.bytecode]
+        detail += list(image.unverified)
         detail += [f"attested {pid}: {state}" for pid, state in image.attested]
         detail += [f"attestation: {d}" for d in image.attested_detail]
         detail += [f"imported by no interpreter (not read): {p}" for p in image.unimported]
@@ -99,7 +108,9 @@ def to_status_junit(fleet: FleetStatus) -> str:
             bad = [f"{pid} {s}" for pid, s in image.patch_sets if s in ("partial", "drifted")]
             bad += [f"{pid} attestation invalid" for pid, s in image.attested if s == "invalid"]
             message = "; ".join([*bad, *(f"{len(x)} {name}" for name, x in (
-                ("unexplained", image.unexplained), ("missing", image.missing), ("added", image.added)) if x)])
+                ("unexplained", image.unexplained), ("missing", image.missing), ("added", image.added),
+                ("RECORD rows disagree", image.record_disagrees), ("bytecode", image.bytecode)) if x)]
+                + [u for u in image.unverified if u.startswith("no reference")])
         ET.SubElement(case, tag, message=message).text = "\n".join(detail)
     ET.indent(suites)
     return ET.tostring(suites, encoding="unicode", xml_declaration=True) + "\n"

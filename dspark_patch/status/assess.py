@@ -4,12 +4,13 @@ For every known patch set, each of its files is compared with the variant's revi
 post-image: all post -> applied, all pre -> absent, some of each -> partial, any file neither
 -> drifted; no variant for the release -> not-applicable.
 
-Integrity is the wheel's RECORD: a file that differs from RECORD is *unexplained* unless its
-content is the post-image a known patch set gives that file (so a hand edit inside a patched
-file is named, and the patch's other, untouched file is not). A hashed RECORD entry that is not
-there is *missing* (unless a patch set deletes it and the file is in that set's post state).
-What counts as *added* is the rule `verify` applies inside the target
-(`inside/integrity.py: added_files`), imported here so both say the same.
+Integrity is the published wheel (`dspark_patch.references`, rules in its `compare`), never
+the image's own RECORD: a file that differs from the wheel is *unexplained* unless its content
+is the post-image a known patch set gives that file; a wheel file that is not there is
+*missing* (unless a patch set deletes it); the image's RECORD rows are checked against the
+wheel too (`record_disagrees`). With no reference for the release and platform the row says so
+in `unverified` and is never clean; its lists are then taken against the image's RECORD, as a
+hint. Bytecode: status/bytecode.py.
 """
 
 from __future__ import annotations
@@ -17,11 +18,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from .. import references
 from ..errors import UnsupportedRelease
 from ..inside.integrity import added_files, own_folders
 from ..patchset import PatchSet
 from ..report.status_model import PatchSetState
 from ..targets.sitefiles import SiteFiles
+from .bytecode import check as check_bytecode
+from .bytecode import not_verified_line
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -30,6 +34,10 @@ class Assessment:
     unexplained: tuple[str, ...]
     missing: tuple[str, ...]
     added: tuple[str, ...]
+    reference: str | None = None
+    record_disagrees: tuple[str, ...] = ()
+    bytecode: tuple[str, ...] = ()
+    unverified: tuple[str, ...] = ()
 
 
 def patch_set_state(patchset: PatchSet, site: SiteFiles) -> PatchSetState:
@@ -58,31 +66,56 @@ def _inside(path: str) -> bool:
     return not path.startswith("/") and ".." not in parts
 
 
-def assess(site: SiteFiles, patchsets: Iterable[PatchSet]) -> Assessment:
-    patchsets = [p for p in patchsets if not p.is_bare]
-    states = tuple((p.id or "", patch_set_state(p, site)) for p in patchsets)
-    # Per file: the contents a known patch set's post-image allows (None: the set deletes it).
-    post_images: dict[str, set[str | None]] = {}
+def post_images(patchsets: Iterable[PatchSet], release: str) -> dict[str, set[str | None]]:
+    """Per file: the contents a known patch set's post-image allows (None: the set deletes it)."""
+    found: dict[str, set[str | None]] = {}
     for patchset in patchsets:
+        if patchset.is_bare:
+            continue
         try:
-            variant = patchset.variant_for(site.release)
+            variant = patchset.variant_for(release)
         except UnsupportedRelease:
             continue
         for path, expected in variant.files.items():
-            post_images.setdefault(path, set()).add(expected.post_sha256)
+            found.setdefault(path, set()).add(expected.post_sha256)
+    return found
 
+
+def patched_paths(patchsets: Iterable[PatchSet]) -> frozenset[str]:
+    """Every file any known patch set changes, whatever the release (the views keep their bytes)."""
+    return frozenset(path for p in patchsets if not p.is_bare for v in p.variants for path in v.files)
+
+
+def assess(site: SiteFiles, patchsets: Iterable[PatchSet]) -> Assessment:
+    patchsets = [p for p in patchsets if not p.is_bare]
+    states = tuple((p.id or "", patch_set_state(p, site)) for p in patchsets)
+    post = post_images(patchsets, site.release)
+    bytecode = check_bytecode(site)
+    unverified = [not_verified_line(bytecode.not_verified)] if bytecode.not_verified else []
+
+    wheel = references.wheel_hash(site.distribution, site.release, site.hashes)
+    ref = references.find(site.distribution, site.release, wheel)
+    if ref is not None:
+        found = references.compare(ref, hashes=site.hashes, others=site.others, record=site.record, post_images=post,
+                                   top_level=site.top_level, pth=site.pth, listed_anywhere=site.listed_anywhere)
+        return Assessment(patch_sets=states, unexplained=found.unexplained, missing=found.missing, added=found.added,
+                          reference=ref.wheel, record_disagrees=found.record_disagrees, bytecode=bytecode.findings,
+                          unverified=tuple(unverified))
+
+    # No reference: say so (never clean); the lists against the image's RECORD are a hint only.
     unexplained: list[str] = []
     missing: list[str] = []
     for path, sha256 in site.record:
         if sha256 is None or not _inside(path):
             continue  # RECORD itself and bytecode carry no hash; ../../bin/vllm is outside
         actual = site.hashes.get(path)
-        if actual == sha256 or actual in post_images.get(path, ()):
+        if actual == sha256 or actual in post.get(path, ()):
             continue
         (missing if actual is None else unexplained).append(path)
-
-    listed = {path for path, _ in site.record} | set(post_images)
+    listed = {path for path, _ in site.record} | set(post)
     present = [*site.hashes, *site.others, *site.top_level]
     added = added_files(present, listed, own_folders(listed), site.listed_anywhere)
+    unverified.insert(0, references.no_reference(site.distribution, site.release, wheel))
     return Assessment(patch_sets=states, unexplained=tuple(sorted(unexplained)),
-                      missing=tuple(sorted(missing)), added=tuple(added))
+                      missing=tuple(sorted(missing)), added=tuple(added), bytecode=bytecode.findings,
+                      unverified=tuple(unverified))

@@ -6,6 +6,7 @@ error row and never stops the others. Images with the same id are read once.
 
 from __future__ import annotations
 
+import tarfile
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -20,7 +21,7 @@ from ..patchset import PatchSet, available
 from ..registry.index import check_before_pull
 from ..report.status_model import FleetStatus, ImageStatus
 from ..targets.sitefiles import SiteFiles
-from .assess import assess
+from .assess import assess, patched_paths
 
 if TYPE_CHECKING:
     from ..targets.docker import DockerEngine
@@ -68,8 +69,17 @@ def row_from_site(ref: str, site: SiteFiles, patchsets: Sequence[PatchSet], **ex
     found = assess(site, patchsets)
     row = ImageStatus(ref=ref, location=site.location, release=site.release, python=site.python,
                       patch_sets=found.patch_sets, unexplained=found.unexplained, missing=found.missing,
-                      added=found.added, unimported=site.unimported, **extra)  # type: ignore[arg-type]
+                      added=found.added, unimported=site.unimported, reference=found.reference,
+                      record_disagrees=found.record_disagrees, bytecode=found.bytecode,
+                      unverified=found.unverified, **extra)  # type: ignore[arg-type]
     return replace(row, exit_code=1 if row.findings else 0)
+
+
+def unreadable(ref: str, exc: Exception) -> DsparkPatchError:
+    """Hostile data the readers did not foresee (a value no parser expected) is that image's
+    row error, in one line, never a traceback that loses every other row."""
+    return BadInput(f"{ref}: could not be read ({type(exc).__name__}: {str(exc)[:200]})",
+                    hint="the image's files are malformed; rebuild it")
 
 
 def _error_row(ref: str, exc: DsparkPatchError, **extra: str | None) -> ImageStatus:
@@ -97,9 +107,13 @@ def status(request: StatusRequest, *, on_progress: ProgressCallback | None = Non
 
         progress(root, "start", None)
         try:
-            rows[root] = row_from_site(root, read_site(Path(root), DISTRIBUTION), patchsets)
+            rows[root] = row_from_site(root, read_site(Path(root), DISTRIBUTION, keep=patched_paths(patchsets)), patchsets)
         except DsparkPatchError as exc:
             rows[root] = _error_row(root, exc)
+        except OSError as exc:
+            rows[root] = _error_row(root, BadInput(f"--root {root}: cannot read it ({exc.strerror or exc})"))
+        except (ValueError, LookupError, TypeError, UnicodeError, tarfile.TarError) as exc:
+            rows[root] = _error_row(root, unreadable(root, exc))
         progress(root, "done", rows[root])
 
     if request.images:
@@ -153,9 +167,11 @@ def _read_images(request: StatusRequest, patchsets: Sequence[PatchSet], progress
         try:
             with ImageReader(ref, engine=engine, platform=request.platform, image_id=image_id) as reader:
                 extra["platform"] = reader.image_platform
-                return row_from_site(ref, reader.read_site(DISTRIBUTION), patchsets, **extra)
+                return row_from_site(ref, reader.read_site(DISTRIBUTION, keep=patched_paths(patchsets)), patchsets, **extra)
         except DsparkPatchError as exc:
             return _error_row(ref, exc, **extra)
+        except (ValueError, LookupError, TypeError, UnicodeError, tarfile.TarError) as exc:
+            return _error_row(ref, unreadable(ref, exc), **extra)
 
     with ThreadPoolExecutor(max_workers=max(1, request.jobs), thread_name_prefix="status") as pool:
         futures = {pool.submit(read_one, image_id, names): image_id for image_id, names in by_id.items()}
@@ -180,9 +196,11 @@ def _read_layers(engine: DockerEngine, by_id: dict[str, list[str]], patchsets: S
     failure: DsparkPatchError | None = None
     views = {}
     try:
-        views = save_views(engine, list(by_id), DISTRIBUTION)
+        views = save_views(engine, list(by_id), DISTRIBUTION, keep=patched_paths(patchsets))
     except DsparkPatchError as exc:
         failure = exc
+    except (ValueError, LookupError, TypeError, UnicodeError, tarfile.TarError) as exc:
+        failure = unreadable("the images' layers", exc)
     for image_id, names in by_id.items():
         info = engine.image_info(image_id)
         extra: dict[str, str | None] = {"id": image_id, "platform": _platform(engine, image_id)}
@@ -197,8 +215,10 @@ def _read_layers(engine: DockerEngine, by_id: dict[str, list[str]], patchsets: S
         else:
             try:
                 row = row_from_site(names[0], find_site(view, DISTRIBUTION, info.config, names[0]), patchsets, **extra)
-            except DsparkPatchError as exc:
+            except DsparkPatchError as exc:  # this image's row; the others stay
                 row = _error_row(names[0], exc, **extra)
+            except (ValueError, LookupError, TypeError, UnicodeError) as exc:
+                row = _error_row(names[0], unreadable(names[0], exc), **extra)
         for name in names:
             rows[name] = replace(row, ref=name)
             progress(name, "done", rows[name])

@@ -18,15 +18,15 @@ each is read and hashed once, however many images stand on it.
 
 from __future__ import annotations
 
-import csv
 import email.parser
-import io
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any, BinaryIO
 
-from ..errors import TargetNotFound, UnreadableLayout
+from ..errors import AmbiguousDistribution, BadInput, TargetNotFound, UnreadableLayout
+from ..inside.locate import RECORD_CAP, BadRecord, parse_record
+from ..references import PTH_CAP, STARTUP_MODULES, bytecode_source
 from .layers import Entry, KeepPredicate, LayerView, scan_layer
 from .layers import merge as merge_scans
 from .layers.scan import Keep
@@ -49,9 +49,12 @@ def _own(first: str, top: str) -> bool:
     return first == top or (first.endswith(".dist-info") and _normalize(first.split("-")[0]) == top)
 
 
-def status_keep(distribution: str) -> KeepPredicate:
-    """What `status` needs of a layer (root-relative paths, no leading slash)."""
+def status_keep(distribution: str, keep_paths: Iterable[str] = ()) -> KeepPredicate:
+    """What `status` needs of a layer (root-relative paths, no leading slash). `keep_paths`:
+    site-relative paths (the files known patch sets change) whose bytes, and whose bytecode's,
+    are kept so that status/bytecode.py can recompile them."""
     top = _normalize(distribution)
+    kept = frozenset(keep_paths)
 
     def keep(path: str, kind: Kind) -> Keep:
         match = _SITE.match(path)
@@ -60,8 +63,13 @@ def status_keep(distribution: str) -> KeepPredicate:
             if kind == "dir":
                 return "name"
             if sep and first.endswith(".dist-info") and rest in ("RECORD", "METADATA"):
-                return "bytes"
-            return "hash" if sep and _own(first, top) else "name"
+                return ("capped", RECORD_CAP)
+            if not sep and first.endswith(".pth"):
+                return ("capped", PTH_CAP)
+            if sep and _own(first, top):
+                rel = match["rel"]
+                return "facts+bytes" if rel in kept or bytecode_source(rel) in kept else "facts"
+            return "name"
         if kind == "dir":
             return "name" if _LIB_DIR.match(path) else None
         folder, _, base = path.rpartition("/")
@@ -74,10 +82,11 @@ def status_keep(distribution: str) -> KeepPredicate:
     return keep
 
 
-def folder_view(fileobj: BinaryIO, *, folder: str, where: str, distribution: str) -> LayerView:
+def folder_view(fileobj: BinaryIO, *, folder: str, where: str, distribution: str,
+                keep: Iterable[str] = ()) -> LayerView:
     """The engine's tar of one folder (names start with the folder's own name) as a view."""
     parent = folder.strip("/").rpartition("/")[0]
-    scan = scan_layer(fileobj, where=where, keep=status_keep(distribution), prefix=parent)
+    scan = scan_layer(fileobj, where=where, keep=status_keep(distribution, keep), prefix=parent)
     return merge_scans([scan], where=where)
 
 
@@ -149,12 +158,14 @@ def site_files(view: LayerView, distribution: str, site: str) -> SiteFiles | Non
             raise UnreadableLayout(f"{site}/{rel} in {view.where} is a symlink (to {entry.target}): status reads no "
                                    f"files through links in {distribution}'s folders",
                                    hint="nothing is said about this image")
+        if first.split(".", 1)[0] in STARTUP_MODULES and (sep or entry.kind == "dir"):
+            top_level.append(first)  # a sitecustomize/ package is imported at start too
         if not sep:
             if entry.kind != "dir":
                 top_level.append(rel)
             continue
-        if entry.data is not None and rest == "RECORD" and first.endswith(".dist-info"):
-            records[first] = entry.data
+        if rest == "RECORD" and first.endswith(".dist-info") and (entry.data is not None or entry.too_large):
+            records[first] = entry.data if entry.data is not None else b"\0"  # over the cap: refused below
         if entry.data is not None and rest == "METADATA" and _own(first, top):
             metadata = entry.data
         if not _own(first, top) or entry.kind == "dir":
@@ -166,26 +177,57 @@ def site_files(view: LayerView, distribution: str, site: str) -> SiteFiles | Non
     own_infos = sorted(name for name in records if _own(name, top))
     if metadata is None or not own_infos:
         return None
+    if len(own_infos) > 1:
+        raise AmbiguousDistribution(f"{site} holds {len(own_infos)} {distribution} distributions ({', '.join(own_infos)})",
+                                    hint="an installer leaves exactly one dist-info per distribution; which one is "
+                                         "in use is not decidable")
+    metadata_entry = view.entries.get(f"{real + '/' if real else ''}{own_infos[0]}/METADATA")
+    metadata = metadata_entry.data if metadata_entry is not None else None
+    if metadata is None:
+        return None
     meta = email.parser.BytesParser().parsebytes(metadata, headersonly=True)
-    record = tuple((row[0], _hex(row[1] if len(row) > 1 else "")) for row in _rows(records[own_infos[0]]))
-    listed = frozenset(row[0] for data in records.values() for row in _rows(data))
+    record = tuple((path, sha) for path, sha, _ in _record_rows(records[own_infos[0]], f"{site}/{own_infos[0]}/RECORD"))
+    listed = frozenset(row[0] for data in records.values() for row in _record_rows(data, "", strict=False))
     found = re.search(r"/python(3\.\d+)/", "/" + real + "/")
     return SiteFiles(location=site, distribution=str(meta["Name"] or distribution), release=str(meta["Version"] or ""),
                      python=found.group(1) if found else None, record=record, hashes=hashes,
-                     others=tuple(sorted(others)), top_level=tuple(sorted(top_level)), listed_anywhere=listed)
+                     others=tuple(sorted(others)), top_level=tuple(sorted(set(top_level))), listed_anywhere=listed,
+                     dist_infos=tuple(own_infos), **_extra_facts(view, real, lambda first: _own(first, top)))
 
 
-def _rows(data: bytes) -> list[list[str]]:
+def _record_rows(data: bytes, name: str, *, strict: bool = True) -> list[tuple[str, str | None, int | None]]:
+    """A RECORD's rows; strict: a malformed one is BadInput naming the file and row."""
     try:
-        return [row for row in csv.reader(io.StringIO(data.decode("utf-8"))) if row]
-    except (UnicodeDecodeError, csv.Error):
-        return []
+        if data == b"\0":
+            raise BadRecord(f"over the {RECORD_CAP >> 20} MiB limit")
+        return parse_record(data.decode("utf-8"), strict=strict)
+    except (UnicodeDecodeError, BadRecord) as exc:
+        if not strict:
+            return []
+        reason = "not UTF-8" if isinstance(exc, UnicodeDecodeError) else str(exc)
+        raise BadInput(f"{name}: {reason}", hint="the RECORD is malformed; rebuild the image from the release") from None
 
 
-def _hex(field: str) -> str | None:
-    import base64
-
-    algo, _, value = field.partition("=")
-    if algo != "sha256" or not value:
-        return None
-    return base64.urlsafe_b64decode(value + "=" * (-len(value) % 4)).hex()
+def _extra_facts(view: LayerView, real: str, own: Callable[[str], bool]) -> dict[str, Any]:
+    """The SiteFiles fields for .pth and bytecode (targets/facts.py) from a merged view."""
+    pth: dict[str, bytes | None] = {}
+    headers: dict[str, bytes] = {}
+    sources: dict[str, tuple[int, int, bytes | None]] = {}
+    kept: dict[str, bytes] = {}
+    for rel, entry in view.below(real):
+        if entry.kind != "file":
+            continue
+        first, sep, rest = rel.partition("/")
+        if not sep:
+            if rel.endswith(".pth"):
+                pth[rel] = None if entry.too_large else entry.data
+            continue
+        if not own(first):
+            continue
+        if entry.header is not None:
+            headers[rel] = entry.header
+        if entry.source is not None:
+            sources[rel] = entry.source
+        if entry.data is not None and rest not in ("RECORD", "METADATA"):
+            kept[rel] = entry.data
+    return {"pth": pth, "pyc_headers": headers, "sources": sources, "kept": kept}

@@ -12,13 +12,19 @@ from importlib.metadata import PathDistribution
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import EnvironmentProblem, TargetNotFound
-from ..inside.locate import record_of
+from ..errors import AmbiguousDistribution, BadInput, EnvironmentProblem, TargetNotFound
+from ..inside import ISOLATED
+from ..inside.locate import BadRecord, record_of
 from . import fs
 from .base import Distribution, RecordEntry, RunResult, TargetInfo
 
 if TYPE_CHECKING:
     from ..engine.plan import PatchPlan
+
+
+# The tree's own files must never run on the host: `-I` (inside/__init__.py) and a cwd outside
+# the tree, so a `json.py` or `platform.py` at its top cannot shadow the scripts' stdlib.
+NEUTRAL_CWD = "/"
 
 
 def _normalize(name: str) -> str:
@@ -45,12 +51,22 @@ class LocalTree:
 
     def locate(self, distribution: str) -> Distribution:
         wanted = _normalize(distribution)
-        for info_dir in sorted(self.root.glob("*.dist-info")):
+        mine = [d for d in sorted(self.root.glob("*.dist-info"))
+                if (m := PathDistribution(d).metadata) and m["Name"] and _normalize(m["Name"]) == wanted]
+        if len(mine) > 1:
+            raise AmbiguousDistribution(
+                f"{self.root} holds {len(mine)} {distribution} distributions ({', '.join(d.name for d in mine)})",
+                hint="an installer leaves exactly one dist-info per distribution; which one is in use is not decidable")
+        for info_dir in mine:
             dist = PathDistribution(info_dir)
-            name = dist.metadata["Name"] if dist.metadata else None
-            if name and _normalize(name) == wanted:
+            name = dist.metadata["Name"]
+            if name:
                 python_version, cache_tag = self._interpreter()
-                record_file, record = record_of(dist)
+                try:
+                    record_file, record = record_of(dist)
+                except (BadRecord, OSError) as exc:
+                    raise BadInput(f"{info_dir.name}/RECORD in {self.root}: {exc}",
+                                   hint="the RECORD is malformed; reinstall the release") from None
                 return Distribution(
                     name=name,
                     version=dist.version,
@@ -86,8 +102,8 @@ class LocalTree:
         full_env = {**os.environ, **(env or {})}
         try:
             done = subprocess.run(
-                [self.python, "-B", "-c", source, *args],
-                capture_output=True, env=full_env, timeout=timeout, cwd=self.root,
+                [self.python, *ISOLATED, "-c", source, *args],
+                capture_output=True, env=full_env, timeout=timeout, cwd=NEUTRAL_CWD,
             )
         except subprocess.TimeoutExpired as exc:
             return RunResult(returncode=-1, stdout=exc.stdout or b"", stderr=exc.stderr or b"", timed_out=True)

@@ -1,21 +1,25 @@
 """A local site-packages folder as a read-only `SiteFiles` view (`dspark-patch status --root`).
 
 Nothing is imported or run: METADATA and RECORD are read as files (importlib.metadata's
-PathDistribution parses them), every file of the distribution's own folders is hashed.
+PathDistribution parses them), every file of the distribution's own folders is hashed
+(targets/facts.py), every entry is looked at with lstat first, so a FIFO, socket or device is
+listed as an entry that is not a regular file and never opened.
 """
 
 from __future__ import annotations
 
-import csv
-import hashlib
 import os
 import re
+import stat
+from collections.abc import Iterable
 from importlib.metadata import PathDistribution
 from pathlib import Path
 
-from ..errors import TargetNotFound
+from ..errors import AmbiguousDistribution, TargetNotFound
 from ..inside.integrity import own_folders
-from ..inside.locate import record_of
+from ..inside.locate import BadRecord, read_record_rows
+from ..references import PTH_CAP
+from .facts import read_facts
 from .sitefiles import SiteFiles
 
 _PY_DIR = re.compile(r"python(\d+\.\d+)")
@@ -25,53 +29,95 @@ def _normalize(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+def _kept(path: str, keep: frozenset[str]) -> bool:
+    from ..references import bytecode_source
+
+    return path in keep or bytecode_source(path) in keep
 
 
-def read_site(root: Path, distribution: str) -> SiteFiles:
+def read_site(root: Path, distribution: str, *, keep: Iterable[str] = ()) -> SiteFiles:
+    """`keep`: paths (relative to root) whose bytes, and whose bytecode's, the view keeps."""
     if not root.is_dir():
         raise TargetNotFound(f"--root {root}: no such directory", hint="give the site-packages folder that holds the package")
     root = root.resolve()
+    keep = frozenset(keep)
     wanted = _normalize(distribution)
+    mine = []
     for info_dir in sorted(root.glob("*.dist-info")):
         dist = PathDistribution(info_dir)
         name = dist.metadata["Name"] if dist.metadata else None
         if name and _normalize(name) == wanted:
-            break
-    else:
+            mine.append((info_dir, dist, name))
+    if not mine:
         raise TargetNotFound(f"no {distribution} distribution (*.dist-info) in {root}",
                              hint="--root must be the site-packages folder that holds the package and its dist-info")
-    _, rows = record_of(dist)
+    if len(mine) > 1:
+        raise AmbiguousDistribution(
+            f"{root} holds {len(mine)} {distribution} distributions ({', '.join(i.name for i, _, _ in mine)})",
+            hint="an installer leaves exactly one dist-info per distribution; which one the interpreter uses is not decidable")
+    info_dir, dist, name = mine[0]
+    try:
+        rows = read_record_rows(info_dir / "RECORD")
+    except BadRecord as exc:
+        from ..errors import BadInput
+
+        raise BadInput(f"{info_dir.name}/RECORD in {root}: {exc}", hint="the RECORD is malformed; reinstall the release") from None
     record = tuple((path, sha) for path, sha, _ in rows)
     hashes: dict[str, str] = {}
     others: list[str] = []
-    for folder in sorted(own_folders(p for p, _ in record)):
-        top = root / folder
-        if top.is_symlink() or not top.is_dir():
+    pyc_headers: dict[str, bytes] = {}
+    sources: dict[str, tuple[int, int, bytes | None]] = {}
+    kept: dict[str, bytes] = {}
+    top = wanted.replace("-", "_")
+    folders = own_folders(p for p, _ in record) | {top} | {i.name for i in root.glob("*.dist-info")
+                                                           if _normalize(i.name.split("-")[0]) == wanted}
+    for folder in sorted(folders):
+        base = root / folder
+        if base.is_symlink() or not base.is_dir():
+            if base.is_symlink() or base.exists():
+                others.append(folder)
             continue
-        for dirpath, dirnames, filenames in os.walk(top):
+        for dirpath, dirnames, filenames in os.walk(base):
             for entry in [*dirnames, *filenames]:
                 full = Path(dirpath) / entry
                 rel = full.relative_to(root).as_posix()
-                if full.is_symlink() or not (full.is_dir() or full.is_file()):
+                mode = os.lstat(full).st_mode
+                if stat.S_ISDIR(mode):
+                    continue
+                if not stat.S_ISREG(mode):
                     others.append(rel)
-                elif full.is_file():
-                    hashes[rel] = _sha256(full)
+                    continue
+                with open(full, "rb") as fh:
+                    facts = read_facts(rel, fh.read, keep=_kept(rel, keep))
+                    mtime = int(os.fstat(fh.fileno()).st_mtime)
+                hashes[rel] = facts.sha256
+                if facts.header is not None:
+                    pyc_headers[rel] = facts.header
+                if rel.endswith(".py"):
+                    sources[rel] = (mtime, facts.size, facts.source_hash)
+                if facts.data is not None:
+                    kept[rel] = facts.data
             dirnames[:] = [d for d in dirnames if not (Path(dirpath) / d).is_symlink()]
-    top_level = tuple(sorted(e.name for e in os.scandir(root) if not e.is_dir()))
+    top_level: list[str] = []
+    pth: dict[str, bytes | None] = {}
+    for entry in os.scandir(root):
+        if entry.is_dir(follow_symlinks=False):
+            if entry.name.split(".", 1)[0] in ("sitecustomize", "usercustomize"):
+                top_level.append(entry.name)  # a package of that name is imported too
+            continue
+        top_level.append(entry.name)
+        if entry.name.endswith(".pth"):
+            st = entry.stat(follow_symlinks=False)
+            pth[entry.name] = (Path(entry.path).read_bytes() if stat.S_ISREG(st.st_mode) and st.st_size <= PTH_CAP
+                               else None)
     listed: set[str] = set()
     for info in root.glob("*.dist-info"):
         try:
-            with open(info / "RECORD", newline="", encoding="utf-8") as fh:
-                listed.update(row[0] for row in csv.reader(fh) if row)
-        except (OSError, UnicodeDecodeError, csv.Error):
+            listed.update(path for path, _, _ in read_record_rows(info / "RECORD", strict=False))
+        except (OSError, BadRecord):
             continue
     found = _PY_DIR.search(str(root))
     return SiteFiles(location=str(root), distribution=name, release=dist.version,
                      python=found.group(1) if found else None, record=record, hashes=hashes,
-                     others=tuple(sorted(others)), top_level=top_level, listed_anywhere=frozenset(listed))
+                     others=tuple(sorted(others)), top_level=tuple(sorted(top_level)), listed_anywhere=frozenset(listed),
+                     pth=pth, dist_infos=(info_dir.name,), pyc_headers=pyc_headers, sources=sources, kept=kept)

@@ -8,7 +8,7 @@ the integrity lists. Paths are posix and relative to `location`.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -23,3 +23,12 @@ class SiteFiles:
     top_level: tuple[str, ...] = ()     # names of the site folder's top-level files (for .pth)
     listed_anywhere: frozenset[str] = frozenset()  # paths any distribution's RECORD in the site folder lists
     unimported: tuple[str, ...] = ()    # other site folders holding the distribution that no interpreter imports
+    pth: Mapping[str, bytes | None] = field(default_factory=dict)  # top-level .pth bytes (None: over references.PTH_CAP)
+    dist_infos: tuple[str, ...] = ()    # every `<distribution>-*.dist-info` folder there (more than one is an error)
+    # Bytecode facts for `status` (which runs nothing; targets/facts.py): the first 16 bytes of
+    # every .pyc in the own folders; per .py (mtime, size, importlib source hash under this
+    # host's magic number or None); the bytes of the files known patch sets change and of their
+    # bytecode (status/bytecode.py recompiles those).
+    pyc_headers: Mapping[str, bytes] = field(default_factory=dict)
+    sources: Mapping[str, tuple[int, int, bytes | None]] = field(default_factory=dict)
+    kept: Mapping[str, bytes] = field(default_factory=dict)

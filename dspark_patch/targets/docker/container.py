@@ -225,14 +225,15 @@ class WorkContainer:
 
     # --- internals ----------------------------------------------------------------------
     def _python_op(self, code: str, path: str, *, failed: str) -> None:
-        result = self.call([self.python, "-B", "-c", code, path], timeout=60)
+        result = self.call([self.python, "-I", "-B", "-c", code, path], timeout=60)
         if result.returncode != 0:
             raise EnvironmentProblem(f"{failed}: {result.stderr.decode(errors='replace').strip()}")
 
     def _exec_create(self, argv: list[str], *, environment: dict[str, str] | None = None) -> str:
         try:
+            # A neutral cwd: the image's WORKDIR may hold modules that shadow the stdlib.
             return str(self.container.client.api.exec_create(self.container.id, argv, user="0",
-                                                              environment=environment)["Id"])
+                                                              environment=environment, workdir="/")["Id"])
         except docker.errors.APIError as exc:
             # The keep-alive process is gone (an image whose python does not run): one clean line.
             raise EnvironmentProblem(f"the work container of image {self.ref} is not running any more "

@@ -33,7 +33,7 @@ import json
 import posixpath
 import re
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any, BinaryIO
 
@@ -192,7 +192,7 @@ class ImageReader:
                 found.append("/usr/lib/python3/dist-packages")  # Debian's python3-* packages
         return found
 
-    def read_site(self, distribution: str) -> SiteFiles:
+    def read_site(self, distribution: str, *, keep: Iterable[str] = ()) -> SiteFiles:
         """The site folder the image's interpreters import `distribution` from (targets/sitepath.py,
         the same rule as the layer route), read through the engine without running anything."""
         top = _normalize(distribution)
@@ -213,17 +213,17 @@ class ImageReader:
 
         paths = interpreter_sites(self._config, self.stat, read_head, self.read_small)
         chosen, site = choose_site(self.ref, distribution, paths, holds, everywhere)
-        found = self._read(site, distribution)
+        found = self._read(site, distribution, keep)
         others = tuple(s for s in everywhere() if s != site)
         return replace(found, python=found.python or chosen.python, unimported=others)
 
-    def _read(self, site: str, distribution: str) -> SiteFiles:
+    def _read(self, site: str, distribution: str, keep: Iterable[str] = ()) -> SiteFiles:
         # A site folder reached through a link is read where the link leads (dockerd's stat gives
         # the target resolved in the container); the archive's names start with the folder's name.
         stat = self.stat(site) or {}
         real = str(stat.get("linkTarget") or site) if int(stat.get("mode", 0)) & _GO_LINK else site
         view = folder_view(self._chunks(real), folder=real, distribution=distribution,
-                           where=f"the engine's tar of {real} in image {self.ref}")
+                           where=f"the engine's tar of {real} in image {self.ref}", keep=keep)
         found = site_files(view, distribution, real)
         if found is None:
             raise TargetNotFound(f"{site}/{_normalize(distribution)} in image {self.ref} has no {distribution} dist-info "
@@ -240,7 +240,8 @@ def _engine_url(api: docker.APIClient, path: str) -> str:
     return f"{api.base_url}/v{api.api_version}{path}"
 
 
-def save_views(engine: DockerEngine, image_ids: Sequence[str], distribution: str) -> dict[str, LayerView | DsparkPatchError]:
+def save_views(engine: DockerEngine, image_ids: Sequence[str], distribution: str,
+               keep: Iterable[str] = ()) -> dict[str, LayerView | DsparkPatchError]:
     """Every image's merged view from ONE `docker save` of all of them (shared layers come once).
 
     Nothing is created on the engine. Layers are scanned as they stream past (their order in
@@ -257,16 +258,17 @@ def save_views(engine: DockerEngine, image_ids: Sequence[str], distribution: str
         raise EnvironmentProblem(f"reading the images' layers failed: HTTP {response.status_code} {response.text.strip()[:200]}")
     try:
         stream = io.BufferedReader(_ChunkReader(response.iter_content(1 << 20)), 1 << 20)
-        return views_from_save(stream, image_ids, distribution)
+        return views_from_save(stream, image_ids, distribution, keep)
     except requests.exceptions.RequestException as exc:
         raise EnvironmentProblem(f"reading the images' layers failed: {exc}") from exc
     finally:
         response.close()
 
 
-def views_from_save(stream: BinaryIO, image_ids: Sequence[str], distribution: str) -> dict[str, LayerView | DsparkPatchError]:
+def views_from_save(stream: BinaryIO, image_ids: Sequence[str], distribution: str,
+                    keep_paths: Iterable[str] = ()) -> dict[str, LayerView | DsparkPatchError]:
     """The views of `image_ids` from a `docker save` archive (pure: no engine)."""
-    keep = status_keep(distribution)
+    keep = status_keep(distribution, keep_paths)
     layers: dict[str, LayerScan | DsparkPatchError] = {}
     # A layer the archive already holds under another folder is written as a symlink to it
     # (dockerd does this when a layer is the top of one image and a lower layer of another).

@@ -19,7 +19,8 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ...errors import BadInput, CheckFailed, DsparkPatchError, TargetNotFound, UnsafePatch
+from ...errors import AmbiguousDistribution, BadInput, CheckFailed, DsparkPatchError, TargetNotFound, UnsafePatch
+from ...inside import ISOLATED
 from ...inside import source as inside_source
 from ..base import HANDSHAKE_PREFIX, CommittedImage, Distribution, LayerEntry, RecordEntry, RunResult, TargetInfo
 from ..layers import TarStream
@@ -159,6 +160,14 @@ class ImageTarget:
                 f"not the installed distribution at {found['location']}",
                 hint="remove the shadowing copy from the image's sys.path",
             )
+        if found.get("duplicates"):
+            raise AmbiguousDistribution(
+                f"in image {self.ref}, {found['python']} sees {len(found['duplicates'])} {distribution} distributions: "
+                + ", ".join(found["duplicates"]),
+                hint="an installer leaves exactly one dist-info per distribution; which one is in use is not decidable")
+        if found.get("record_error"):
+            raise BadInput(f"in image {self.ref}, the RECORD of {distribution} at {found['location']}: {found['record_error']}",
+                           hint="the RECORD is malformed; rebuild the image from the release")
         self._dist = Distribution(
             name=found["name"],
             version=found["version"],
@@ -189,7 +198,7 @@ class ImageTarget:
         return found or [interpreter.Interpreter(path=self.container.python, binary=self.container.python, venv=None)]
 
     def _locate_with(self, python: str, distribution: str) -> dict[str, Any]:
-        result = self.container.call([python, "-B", "-c", _LOCATE_SOURCE, distribution], timeout=120)
+        result = self.container.call([python, *ISOLATED, "-c", _LOCATE_SOURCE, distribution], timeout=120)
         if result.returncode != 0:
             raise CheckFailed(
                 f"locating {distribution} in image {self.ref} with {python} failed "
@@ -240,7 +249,7 @@ class ImageTarget:
         timeout: float = 600.0,
     ) -> RunResult:
         python = self._dist.python if self._dist else self.container.python
-        return self.container.call([python, "-B", "-c", source, *args], env=env, timeout=timeout)
+        return self.container.call([python, *ISOLATED, "-c", source, *args], env=env, timeout=timeout)
 
     def start_python(
         self, source: str, args: Sequence[str] = (), *, env: Mapping[str, str] | None = None, timeout: float = 600.0,

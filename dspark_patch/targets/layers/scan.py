@@ -21,14 +21,19 @@ tree), aufs-internal `.wh..wh.*` names.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import BinaryIO, Literal
 
+from ..facts import read_facts
 from .tarstream import Kind, Limits, TarStream
 
 EntryKind = Literal["file", "dir", "symlink", "other"]
-Keep = Literal["name", "hash", "bytes", "head"] | None
+# "facts": sha256 plus what a bytecode check needs (targets/facts.py: a .py's size, mtime and
+# source hash, a .pyc's 16-byte header); "facts+bytes": and the bytes; ("capped", N): the bytes
+# when at most N, else only a `too_large` mark (a RECORD or .pth over its cap is refused later,
+# by whoever reads it, with its own message).
+Keep = Literal["name", "hash", "bytes", "head", "facts", "facts+bytes"] | tuple[Literal["capped"], int] | None
 KeepPredicate = Callable[[str, Kind], Keep]
 HEAD_BYTES = 256
 BYTES_CAP = 64 << 20
@@ -42,6 +47,9 @@ class Entry:
     data: bytes | None = None      # the member's bytes ("bytes") or its first HEAD_BYTES ("head")
     target: str | None = None      # a symlink's target, as written
     size: int = 0
+    header: bytes | None = None    # "facts" of a .pyc: its first 16 bytes
+    source: tuple[int, int, bytes | None] | None = None   # "facts" of a .py: (mtime, size, source hash)
+    too_large: bool = False        # ("capped", N) over N: not read
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,6 +59,11 @@ class LayerScan:
     whiteouts: frozenset[str]               # paths a `.wh.NAME` removes from lower layers (with all below)
     opaques: frozenset[str]                 # folders whose lower contents `.wh..wh..opq` hides
     present: Mapping[int, bool]             # hash(path) -> folder?, for every member and folder implied by one
+
+
+def _reader(chunks: Iterator[bytes]) -> Callable[[int], bytes]:
+    """A file object's `read(n)` over a member's chunks (each call gives the next chunk)."""
+    return lambda _n: next(chunks, b"")
 
 
 def ancestors(path: str) -> list[str]:
@@ -143,6 +156,16 @@ def scan_layer(fileobj: BinaryIO, *, where: str, keep: KeepPredicate, limits: Li
                 if len(head) < HEAD_BYTES:
                     head += chunk[:HEAD_BYTES - len(head)]
             entries[path] = Entry("file", data=head, size=member.size)
+        elif isinstance(wanted, tuple):
+            if member.size > wanted[1]:
+                entries[path] = Entry("file", size=member.size, too_large=True)
+            else:
+                data = tar.read_all(wanted[1])
+                entries[path] = Entry("file", sha256=hashlib.sha256(data).hexdigest(), data=data, size=member.size)
+        elif wanted in ("facts", "facts+bytes"):
+            facts = read_facts(path, _reader(tar.chunks()), keep=wanted == "facts+bytes")
+            entries[path] = Entry("file", sha256=facts.sha256, data=facts.data, size=member.size, header=facts.header,
+                                  source=(member.mtime, facts.size, facts.source_hash) if path.endswith(".py") else None)
         elif wanted == "hash":
             digest = hashlib.sha256()
             for chunk in tar.chunks():

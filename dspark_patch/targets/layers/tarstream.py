@@ -63,6 +63,7 @@ class Member:
     linkname: str      # symlink target as written; hard link target (clean) for hard links
     mode: int
     index: int         # position in the archive
+    mtime: int = 0     # seconds (a PAX mtime's fraction dropped, as a .pyc header keeps it)
 
 
 class TarStream:
@@ -138,7 +139,7 @@ class TarStream:
             index += 1
             if index > self.limits.members:
                 raise self.refuse(f"more than {self.limits.members} members", name="")
-            flag, raw_name, raw_link, size, mode = self._header(block)
+            flag, raw_name, raw_link, size, mode, mtime = self._header(block)
             self._current = raw_name
             self._left, self._pad = size, -size % BLOCK
             if flag in (b"x", b"L", b"K"):
@@ -175,6 +176,8 @@ class TarStream:
             if pax is not None:
                 name = pax.get("path", name)
                 link = pax.get("linkpath", link)
+                if "mtime" in pax:
+                    mtime = int(float(pax["mtime"]))
                 if "size" in pax:
                     if not _DIGITS.match(pax["size"]):
                         raise self.refuse(f"PAX size {pax['size']!r} is not a number")
@@ -203,7 +206,7 @@ class TarStream:
             if len(link.encode("utf-8", "surrogateescape")) > self.limits.name_bytes:
                 raise self.refuse(f"a link target longer than {self.limits.name_bytes} bytes")
             yield Member(name=clean, kind=kind, size=size if kind in ("file", "dir") else 0, linkname=link,
-                         mode=mode, index=index)
+                         mode=mode, index=index, mtime=mtime)
 
     def _block(self) -> bytes | None:
         block = self._fh.read(BLOCK)
@@ -214,7 +217,7 @@ class TarStream:
         return block
 
     # --- headers --------------------------------------------------------------------------------
-    def _header(self, block: bytes) -> tuple[bytes, str, str, int, int]:
+    def _header(self, block: bytes) -> tuple[bytes, str, str, int, int, int]:
         self._current = _text(block[0:100].split(b"\0", 1)[0])
         stored = self._number(block[148:156], "checksum")
         unsigned = sum(block) - sum(block[148:156]) + 8 * 32
@@ -253,7 +256,8 @@ class TarStream:
         if size < 0:
             raise self.refuse("a negative size")
         mode = self._number(block[100:108], "mode")
-        return flag, _text(name), _text(block[157:257].split(b"\0", 1)[0]), size, mode
+        mtime = self._number(block[136:148], "mtime")
+        return flag, _text(name), _text(block[157:257].split(b"\0", 1)[0]), size, mode, mtime
 
     def _nul_terminated(self, field: bytes, what: str) -> None:
         head, sep, rest = field.partition(b"\0")

@@ -1,0 +1,214 @@
+"""What the published wheel holds, and a site folder's files checked against it.
+
+Integrity is never taken from the image: its RECORD is written by whoever built the image, so
+a hand edit plus a rewritten RECORD row would pass. Instead each supported release and
+platform has a *reference*, made from the real wheel (`build.py`, `scripts/make-reference`;
+the wheel's RECORD cross-checked against the bytes in the zip) and shipped in this package as
+`<dist>-<release>-<wheel tags>.json.gz`: path -> [sha256, size] for every file the wheel installs.
+
+Which reference: the one of the release whose `<dist-info>/WHEEL` file is byte for byte the
+installed one (the WHEEL file names the platform, `Tag: cp38-abi3-linux_x86_64`). An installed
+WHEEL that is in no reference, or a release with none, is "no reference": never clean.
+
+`compare` is pure and serves both `status` (files read from layers or a folder) and `verify`
+(facts gathered in the target by inside/integrity.py). Its rules:
+- every reference file must be there with the reference's sha256, or with a post-image a known
+  patch set gives it (or absent where a patch set deletes it): else *unexplained* / *missing*;
+- in the distribution's own folders (the reference's top-level folders and any `<dist>-*.dist-info`),
+  a file the reference does not hold is *added*, except the installer's own files in the
+  dist-info (INSTALLER, REQUESTED, direct_url.json, RECORD), files a patch set adds, and the
+  cached bytecode of a module with a source (`__pycache__/m.<tag>[.opt-N].pyc`, proven apart:
+  `verify` recompiles it, `status` checks its header); a sourceless `.pyc`, a symlink, a FIFO or
+  any other non-regular entry is added;
+- at the site folder's top level, `sitecustomize.*` and `usercustomize.*` are added (`site`
+  imports them at every start), and a `.pth` is added unless it is one we know by content
+  (setuptools' `distutils-precedence.pth`) or it is listed in some distribution's RECORD and has
+  no `import` line (`site` executes those lines);
+- the image's RECORD is checked too: a row whose hash differs from the reference, a row for a
+  file the wheel does not hold, or a wheel file with no row is a *RECORD disagreement*, itself a
+  finding.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+
+INSTALLER_FILES = frozenset({"INSTALLER", "REQUESTED", "direct_url.json", "RECORD"})
+# .pth files known by content: setuptools writes this one (its import line only adds a
+# distutils shim); the same bytes in every setuptools release since 49.
+KNOWN_PTH = {"distutils-precedence.pth": frozenset({"2638ce9e2500e572a5e0de7faed6661eb569d1b696fcba07b0dd223da5f5d224"})}
+PTH_CAP = 64 * 1024      # a .pth larger than this is not read: it counts as added
+STARTUP_MODULES = ("sitecustomize", "usercustomize")
+_PYC = re.compile(r"^(?P<folder>(?:.+/)?)__pycache__/(?P<stem>[^./]+)\.[^/]+\.pyc$")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Reference:
+    distribution: str
+    release: str
+    wheel: str                              # the wheel's file name
+    files: Mapping[str, tuple[str, int]]    # path -> (sha256 hex, size)
+
+    @property
+    def folders(self) -> frozenset[str]:
+        return frozenset(p.split("/", 1)[0] for p in self.files if "/" in p)
+
+    @property
+    def dist_info(self) -> str:
+        return next(f for f in sorted(self.folders) if f.endswith(".dist-info"))
+
+
+def _normalize(name: str) -> str:
+    return re.sub(r"[-_.]+", "_", name).lower()
+
+
+@cache
+def _load(name: str) -> Reference:
+    doc = json.loads(gzip.decompress(resources.files(__package__).joinpath(name).read_bytes()))
+    return Reference(distribution=doc["distribution"], release=doc["release"], wheel=doc["wheel"],
+                     files={p: (h, int(n)) for p, (h, n) in doc["files"].items()})
+
+
+def shipped(distribution: str, release: str) -> list[str]:
+    prefix = f"{_normalize(distribution)}-{release}-"
+    return sorted(e.name for e in resources.files(__package__).iterdir()
+                  if e.name.startswith(prefix) and e.name.endswith(".json.gz"))
+
+
+def find(distribution: str, release: str, wheel_sha256: str | None) -> Reference | None:
+    """The reference of this release whose WHEEL file is the installed one, or None."""
+    for name in shipped(distribution, release):
+        ref = _load(name)
+        if wheel_sha256 is not None and ref.files.get(f"{ref.dist_info}/WHEEL", ("",))[0] == wheel_sha256:
+            return ref
+    return None
+
+
+def folders_of(distribution: str, release: str) -> frozenset[str]:
+    """The top-level folders the references of this release install into."""
+    return frozenset(f for name in shipped(distribution, release) for f in _load(name).folders)
+
+
+def no_reference(distribution: str, release: str, wheel_sha256: str | None) -> str:
+    known = [n.removesuffix(".json.gz").split("-", 2)[2] for n in shipped(distribution, release)]
+    if not known:
+        return f"no reference for {distribution} {release}: its files cannot be checked against the published wheel"
+    why = "it has no WHEEL file" if wheel_sha256 is None else "its WHEEL file is none of the published wheels'"
+    return (f"no reference for {distribution} {release} on this platform ({why}; known: {', '.join(known)}): "
+            "its files cannot be checked against the published wheel")
+
+
+def wheel_hash(distribution: str, release: str, hashes: Mapping[str, str]) -> str | None:
+    """sha256 of the installed `<dist>-<release>.dist-info/WHEEL`, if there."""
+    return hashes.get(f"{_normalize(distribution)}-{release}.dist-info/WHEEL")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Comparison:
+    checked: int
+    unexplained: tuple[str, ...] = ()
+    missing: tuple[str, ...] = ()
+    added: tuple[str, ...] = ()
+    record_disagrees: tuple[str, ...] = ()
+
+
+def bytecode_source(rel: str) -> str | None:
+    """The source a cached .pyc belongs to (a/__pycache__/m.cpython-311.pyc -> a/m.py), or None."""
+    found = _PYC.match(rel)
+    return f"{found['folder']}{found['stem']}.py" if found else None
+
+
+def pth_added(name: str, sha256: str | None, data: bytes | None, listed_anywhere: Iterable[str]) -> bool:
+    if sha256 is not None and sha256 in KNOWN_PTH.get(name, ()):
+        return False
+    if data is None:
+        return True
+    has_import = any(line.startswith((b"import ", b"import\t")) for line in data.splitlines())
+    return has_import or name not in set(listed_anywhere)
+
+
+def compare(ref: Reference, *, hashes: Mapping[str, str], others: Iterable[str] = (),
+            record: Iterable[tuple[str, str | None]] = (), post_images: Mapping[str, set[str | None]] | None = None,
+            top_level: Iterable[str] = (), pth: Mapping[str, bytes | None] | None = None,
+            listed_anywhere: Iterable[str] = ()) -> Comparison:
+    """The site folder against the reference (rules in the module doc).
+
+    hashes: sha256 of every regular file in the distribution's own folders; others: the other
+    entries there; record: the image's RECORD rows; post_images: per path, the contents known
+    patch sets give it (None: deleted); top_level / pth: the site folder's top-level file names
+    and the bytes of its .pth files (None: too large to read)."""
+    post = post_images or {}
+    others = set(others)
+    unexplained, missing = [], []
+    for path, (sha256, _) in ref.files.items():
+        actual = hashes.get(path)
+        if actual == sha256 or (actual is not None and actual in post.get(path, ())):
+            continue
+        if actual is None and path not in others:
+            if None not in post.get(path, ()):
+                missing.append(path)
+            continue
+        unexplained.append(path)
+
+    info = ref.dist_info
+    top = _normalize(ref.distribution)
+    folders = ref.folders
+
+    def own(path: str) -> bool:
+        first = path.split("/", 1)[0]
+        return first in folders or (first.endswith(".dist-info") and _normalize(first.split("-")[0]) == top)
+
+    def explained(path: str) -> bool:
+        if path in ref.files:
+            return True
+        folder, _, name = path.rpartition("/")
+        if folder == info and name in INSTALLER_FILES:
+            return True
+        if path in post:
+            return True
+        source = bytecode_source(path)
+        return source is not None and (source in ref.files or path.startswith(top + "/") and source in post)
+
+    added = [p for p in hashes if own(p) and not explained(p)]
+    added += [p for p in others if own(p) and p not in ref.files]
+    listed = set(listed_anywhere)
+    for name in top_level:
+        if name.split(".", 1)[0] in STARTUP_MODULES:
+            added.append(name)
+        elif name.endswith(".pth"):
+            data = (pth or {}).get(name)
+            digest = None if data is None else _sha256(data)
+            if pth_added(name, digest, data, listed):
+                added.append(name)
+
+    disagrees = []
+    rows: set[str] = set()
+    for path, row_sha256 in record:
+        rows.add(path)
+        if path.startswith(("/", "../")) or "/../" in path:
+            continue  # console scripts the installer wrote outside the site folder
+        folder, _, name = path.rpartition("/")
+        if folder == info and name in INSTALLER_FILES:
+            continue
+        if path in ref.files:
+            if row_sha256 != ref.files[path][0] and row_sha256 not in post.get(path, ()):
+                disagrees.append(path)
+        elif row_sha256 is None and bytecode_source(path) in ref.files:
+            continue  # pip lists the bytecode it wrote, without a hash
+        elif path not in post:
+            disagrees.append(path)
+    disagrees += [p for p in ref.files if p not in rows]
+    return Comparison(checked=len(ref.files), unexplained=tuple(sorted(unexplained)), missing=tuple(sorted(missing)),
+                      added=tuple(sorted(set(added))), record_disagrees=tuple(sorted(set(disagrees))))
+
+
+def _sha256(data: bytes) -> str:
+    import hashlib
+
+    return hashlib.sha256(data).hexdigest()

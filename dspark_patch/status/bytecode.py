@@ -1,0 +1,135 @@
+"""What `status`, which runs nothing, can say about a site folder's cached bytecode.
+
+For each `__pycache__/m.<tag>[.opt-N].pyc` of the image's interpreter whose source is there:
+- its header must match the source: the source hash for checked-hash bytecode (computable here
+  when the .pyc's magic number is this host's), mtime and size for timestamp bytecode; a
+  mismatch is a finding, never clean;
+- the bytecode of the files known patch sets change (`kept` bytes) is recompiled when the
+  magic number is this host's, in a fresh isolated process of this host's interpreter, and
+  compared: bytes first, then code objects (see _COMPARE). `compile` parses and `marshal`
+  reads; nothing of the target is executed;
+- every other .pyc is matched by header only: "bytecode not verified" (verify recompiles them
+  all with the image's own interpreter).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from dataclasses import dataclass
+
+from ..references import bytecode_source
+from ..targets.sitefiles import SiteFiles
+
+_OPT = re.compile(r"\.opt-([12])\.pyc$")
+
+
+@dataclass(frozen=True, kw_only=True)
+class BytecodeCheck:
+    findings: tuple[str, ...]
+    not_verified: int
+    proven: int
+
+
+def cache_tag(python: str | None) -> str | None:
+    return f"cpython-{python.replace('.', '')}" if python else None
+
+
+# Run in a fresh `python -I -S -B` (this host's interpreter, nothing of the target on its path):
+# compile each kept source and compare with its .pyc, bytes first, then as code objects. The
+# marshal format writes a back-reference for an object only when its reference count is above
+# one, so the same source can marshal differently in two processes; `==` on code objects
+# compares bytecode, constants, names and line tables (not co_filename). The .pyc's data is
+# only unmarshalled, never executed; a crash of this process is a finding, never a verdict.
+_COMPARE = r"""
+import base64, importlib._bootstrap_external as be, json, marshal, sys
+out = []
+for item in json.loads(sys.stdin.read()):
+    source, pyc = base64.b64decode(item["source"]), base64.b64decode(item["pyc"])
+    try:
+        code = compile(source, item["filename"], "exec", dont_inherit=True, optimize=item["opt"])
+    except (SyntaxError, ValueError):
+        out.append("source does not compile"); continue
+    fresh = bytes(be._code_to_hash_pyc(code, pyc[8:16], bool(item["checked"])))
+    if fresh == pyc:
+        out.append(""); continue
+    try:
+        loaded = marshal.loads(pyc[16:])
+    except (EOFError, ValueError, TypeError):
+        out.append("not valid bytecode"); continue
+    out.append("" if pyc[:16] == fresh[:16] and loaded == code else "code differs")
+print(json.dumps(out))
+"""
+
+
+def _compare(items: list[dict]) -> list[str]:
+    """Per item: '' when the .pyc holds its source's code, else why not (see _COMPARE)."""
+    import base64
+    import json
+    import subprocess
+    import sys
+
+    if not items:
+        return []
+    payload = json.dumps([{**i, "source": base64.b64encode(i["source"]).decode(), "pyc": base64.b64encode(i["pyc"]).decode()}
+                          for i in items])
+    try:
+        done = subprocess.run([sys.executable, "-I", "-S", "-B", "-c", _COMPARE], input=payload.encode(),
+                              capture_output=True, timeout=300, cwd="/")
+        result = json.loads(done.stdout)
+        if done.returncode == 0 and isinstance(result, list) and len(result) == len(items):
+            return [str(r) for r in result]
+    except (subprocess.TimeoutExpired, ValueError, OSError):
+        pass
+    return ["could not be compared"] * len(items)
+
+
+def check(site: SiteFiles) -> BytecodeCheck:
+    tag = cache_tag(site.python)
+    findings: list[str] = []
+    not_verified = proven = 0
+    to_compare: list[tuple[str, str, dict]] = []
+    for pyc, header in sorted(site.pyc_headers.items()):
+        source = bytecode_source(pyc)
+        if source is None or source not in site.sources:
+            continue  # sourceless bytecode is `added` (references.compare)
+        name = pyc.rsplit("/", 1)[-1]
+        if tag is not None and f".{tag}." not in name:
+            continue  # another interpreter's: this one never loads it
+        if len(header) < 16:
+            findings.append(f"{pyc}: truncated bytecode header")
+            continue
+        mtime, size, source_hash = site.sources[source]
+        flags = int.from_bytes(header[4:8], "little")
+        ours = header[:4] == importlib.util.MAGIC_NUMBER
+        if flags & 0b1:
+            if not ours or source_hash is None:
+                not_verified += 1
+            elif header[8:16] != source_hash:
+                findings.append(f"{pyc}: checked-hash bytecode whose source hash is not {source}'s")
+            elif pyc in site.kept and source in site.kept:
+                opt = _OPT.search(name)
+                to_compare.append((pyc, source, {"source": site.kept[source], "pyc": site.kept[pyc],
+                                                 "filename": f"{site.location}/{source}",
+                                                 "opt": int(opt.group(1)) if opt else 0, "checked": bool(flags & 0b10)}))
+            else:
+                not_verified += 1
+        elif flags == 0:
+            if header[8:12] != (mtime & 0xFFFFFFFF).to_bytes(4, "little") or \
+                    header[12:16] != (size & 0xFFFFFFFF).to_bytes(4, "little"):
+                findings.append(f"{pyc}: timestamp bytecode whose mtime or size is not {source}'s")
+            else:
+                not_verified += 1
+        else:
+            findings.append(f"{pyc}: bytecode header with unknown flags {flags:#x}")
+    for (pyc, source, _), why in zip(to_compare, _compare([item for _, _, item in to_compare]), strict=True):
+        if why:
+            findings.append(f"{pyc}: its code is not {source}'s (recompiled here and compared: {why})")
+        else:
+            proven += 1
+    return BytecodeCheck(findings=tuple(sorted(findings)), not_verified=not_verified, proven=proven)
+
+
+def not_verified_line(count: int) -> str:
+    return (f"bytecode not verified: {count} .pyc file(s) match their sources by header only "
+            "(status runs nothing; dspark-patch verify recompiles them with the image's interpreter)")

@@ -1,0 +1,51 @@
+"""What a read-only view keeps of one file of the distribution's own folders, read once as a stream.
+
+Every file: its sha256. A `.py` source (up to SOURCE_CAP): its size and importlib's source hash
+(under this host's magic number), for the checked-hash bytecode header check; a `.pyc`: its
+first 16 bytes (the header). A path in `keep` (the files known patch sets change, and their
+bytecode): its bytes, so `status` can recompile them (status/bytecode.py). Bounded: nothing but
+the kept files and 16-byte headers is held.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+from collections.abc import Callable
+from dataclasses import dataclass
+
+SOURCE_CAP = 16 << 20   # a larger .py is hashed but gets no source hash (its bytecode: not verified)
+KEEP_CAP = 16 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class FileFacts:
+    sha256: str
+    size: int
+    source_hash: bytes | None = None   # .py: importlib.util.source_hash of its bytes
+    header: bytes | None = None        # .pyc: its first 16 bytes
+    data: bytes | None = None          # a kept file's bytes
+
+
+def read_facts(rel: str, read: Callable[[int], bytes], *, keep: bool = False) -> FileFacts:
+    """Facts of one file from `read(n)` (a file object's read)."""
+    digest = hashlib.sha256()
+    size = 0
+    head = b""
+    whole: list[bytes] | None = [] if rel.endswith(".py") or keep else None
+    for chunk in iter(lambda: read(1 << 20), b""):
+        digest.update(chunk)
+        if len(head) < 16:
+            head += chunk[:16 - len(head)]
+        size += len(chunk)
+        if whole is not None:
+            whole.append(chunk)
+            if size > max(SOURCE_CAP, KEEP_CAP):
+                whole = None
+    data = b"".join(whole) if whole is not None else None
+    return FileFacts(
+        sha256=digest.hexdigest(), size=size,
+        source_hash=importlib.util.source_hash(data) if rel.endswith(".py") and data is not None and size <= SOURCE_CAP else None,
+        header=head if rel.endswith(".pyc") else None,
+        data=data if keep and data is not None and size <= KEEP_CAP else None,
+    )

@@ -1,0 +1,340 @@
+"""Integrity against the published wheel, bytecode proven, nothing of the target run on the host,
+bad data a clean error (issue 16, classes 4, 5, 7, 8 and 9's RECORD/FIFO part).
+
+Hostile trees are real vLLM 0.33.0 installs (hard-linked copies of the cached `pip install
+--target`) changed by the test; hostile images are built FROM the fixture by a Dockerfile.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import hashlib
+import importlib.util
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import zipfile
+from importlib import _bootstrap_external, resources  # type: ignore[attr-defined]
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from dspark_patch.references import build
+from dspark_patch.report.status_render import load_status_schema
+from tests.support import images, vllm
+from tests.support.cli import run
+from tests.support.vllm import replace_file
+
+PY = sys.executable
+PATCH_ID = "dspark-skip-mtp-buffer"
+SITE = "/usr/local/lib/python3.11/dist-packages"
+ENVS = "vllm/envs.py"
+INFO = "vllm-0.33.0.dist-info"
+X86 = "vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64"
+ARM = "vllm-0.33.0-cp38-abi3-manylinux_2_28_aarch64"
+
+
+def status_json(*args: str) -> tuple[int, dict]:
+    res = run("status", *args, "--json")
+    assert "Traceback" not in res.stderr, res.stderr
+    doc = json.loads(res.stdout)
+    jsonschema.Draft202012Validator(load_status_schema()).validate(doc)
+    return res.returncode, doc
+
+
+def b64(digest: bytes) -> str:
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+
+def rewrite_record(tree: Path, rows: dict[str, str | None]) -> None:
+    """Replace (or drop, for None) RECORD rows by path; rows not there are appended."""
+    record = tree / INFO / "RECORD"
+    lines = record.read_text().splitlines()
+    out, seen = [], set()
+    for line in lines:
+        path = line.rsplit(",", 2)[0].strip('"')
+        if path in rows:
+            seen.add(path)
+            if rows[path] is not None:
+                out.append(rows[path])
+            continue
+        out.append(line)
+    out += [row for path, row in rows.items() if path not in seen and row is not None]
+    replace_file(record, ("\n".join(out) + "\n").encode())
+
+
+def record_row(path: str, data: bytes) -> str:
+    return f"{path},sha256={b64(hashlib.sha256(data).digest())},{len(data)}"
+
+
+def forged_pyc(source: Path, code_text: bytes) -> bytes:
+    """Checked-hash bytecode carrying `source`'s hash but the code of `code_text`."""
+    code = compile(code_text, str(source), "exec", dont_inherit=True)
+    return bytes(_bootstrap_external._code_to_hash_pyc(code, importlib.util.source_hash(source.read_bytes()), True))
+
+
+def shadowing_stdlib(tree: Path, marker: Path) -> None:
+    """A json.py and platform.py at the tree's top that leave `marker` when imported."""
+    for name in ("json", "platform"):
+        (tree / f"{name}.py").write_text(f"open({str(marker)!r}, 'a').write('{name} ran\\n')\n")
+
+
+# --- the reference ----------------------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize("platform", ["x86_64", "aarch64"])
+def test_the_shipped_reference_is_what_the_real_wheel_gives(platform: str) -> None:
+    wheel = vllm.wheel("0.33.0") if platform == "x86_64" else vllm.platform_wheel("0.33.0", "manylinux_2_28_aarch64")
+    document = build.reference_from_wheel(wheel)
+    shipped = resources.files("dspark_patch.references").joinpath(build.file_name(document)).read_bytes()
+    assert build.encode(document) == shipped
+    assert build.file_name(document) == f"{X86 if platform == 'x86_64' else ARM}.json.gz"
+    with zipfile.ZipFile(wheel) as zf:  # every file of the wheel, the wheel's RECORD aside
+        assert set(document["files"]) == {n for n in zf.namelist() if not n.endswith("/") and n != f"{INFO}/RECORD"}
+    assert json.loads(gzip.decompress(shipped))["files"]["vllm/envs.py"][0] == \
+        hashlib.sha256(zipfile.ZipFile(wheel).read("vllm/envs.py")).hexdigest()
+
+
+def test_a_wheel_whose_record_lies_gives_no_reference(tmp_path: Path) -> None:
+    wheel = tmp_path / "demo-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr("demo/__init__.py", b"x = 1\n")
+        zf.writestr("demo-1.0.dist-info/WHEEL", b"Tag: py3-none-any\n")
+        zf.writestr("demo-1.0.dist-info/RECORD", record_row("demo/__init__.py", b"x = 2\n") + "\n"
+                    + record_row("demo-1.0.dist-info/WHEEL", b"Tag: py3-none-any\n") + "\ndemo-1.0.dist-info/RECORD,,\n")
+    with pytest.raises(build.WheelDisagrees, match="demo/__init__.py"):
+        build.reference_from_wheel(wheel)
+    done = subprocess.run([PY, "-m", "dspark_patch.references.build", str(wheel), "--out", str(tmp_path)],
+                          capture_output=True, text=True)
+    assert done.returncode == 1 and "demo/__init__.py" in done.stderr and not list(tmp_path.glob("*.json.gz"))
+
+
+# --- class 5: self-attested integrity -----------------------------------------------------------------
+def test_a_hand_edit_with_its_record_row_rewritten_and_startup_hooks_are_findings(tmp_path: Path) -> None:
+    clean = vllm.tree_copy("0.33.0", tmp_path / "clean" / "site-packages")
+    tree = vllm.tree_copy("0.33.0", tmp_path / "hostile" / "site-packages")
+    marker = tmp_path / "ran-on-host"
+    init = tree / "vllm/__init__.py"
+    edited = init.read_bytes() + b"\nimport os  # by hand\n"
+    replace_file(init, edited)
+    hook = b"import os; os.environ.setdefault('HOOKED', '1')\n"
+    (tree / "zz-fake.pth").write_bytes(hook)   # listed in the RECORD of a one-file fake distribution
+    fake = tree / "zzfake-1.0.dist-info"
+    fake.mkdir()
+    (fake / "METADATA").write_text("Metadata-Version: 2.1\nName: zzfake\nVersion: 1.0\n")
+    (fake / "RECORD").write_text(record_row("zz-fake.pth", hook) + "\nzzfake-1.0.dist-info/RECORD,,\n")
+    (tree / "sitecustomize.py").write_text("print('every interpreter start')\n")
+    rewrite_record(tree, {"vllm/__init__.py": record_row("vllm/__init__.py", edited)})
+    shadowing_stdlib(tree, marker)
+
+    code, doc = status_json("--root", str(clean), "--root", str(tree))
+    good, bad = doc["images"]
+    assert (good["unexplained"], good["added"], good["record_disagrees"], good["exit_code"]) == ([], [], [], 0)
+    assert good["reference"] == f"{X86}.whl" and good["patch_sets"][PATCH_ID] == "absent"
+    assert bad["unexplained"] == ["vllm/__init__.py"] and bad["record_disagrees"] == ["vllm/__init__.py"]
+    assert bad["added"] == ["sitecustomize.py", "zz-fake.pth"]
+    assert code == 1 and bad["exit_code"] == 1
+
+    res = run("apply", "--root", str(tree), "--python", PY, "--dry-run", "--report-dir", str(tmp_path / "dry"))
+    assert res.returncode == 0, res.stderr
+    res = run("verify", "--root", str(tree), "--python", PY, "--no-probe", "--json", "--report-dir", str(tmp_path / "v"))
+    assert res.returncode == 1, res.stderr
+    integrity = res.json["integrity"]
+    assert integrity["mismatched"] == ["vllm/__init__.py"] and integrity["record_disagrees"] == ["vllm/__init__.py"]
+    assert integrity["added"] == ["sitecustomize.py", "zz-fake.pth"] and integrity["reference"] == f"{X86}.whl"
+    # class 7: the tree's json.py / platform.py never ran (dry run, locate, integrity check)
+    assert not marker.exists()
+
+
+def test_a_second_vllm_dist_info_is_an_error_everywhere(tmp_path: Path) -> None:
+    tree = vllm.tree_copy("0.33.0", tmp_path / "site-packages")
+    second = tree / "vllm-0.34.0.dist-info"
+    second.mkdir()
+    (second / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.34.0\n")
+    (second / "RECORD").write_text("vllm-0.34.0.dist-info/RECORD,,\n")
+    code, doc = status_json("--root", str(tree))
+    row = doc["images"][0]
+    assert code == 1 and "2 vllm distributions" in row["error"] and row["patch_sets"] == {}
+    before = (tree / ENVS).read_bytes()
+    for command in (("apply", "--no-probe"), ("verify", "--no-probe")):
+        res = run(*command, "--root", str(tree), "--python", PY, "--report-dir", str(tmp_path / command[0]))
+        assert "2 vllm distributions" in res.assert_clean_error(1)
+    assert (tree / ENVS).read_bytes() == before
+
+
+def test_an_unknown_wheel_is_no_reference_and_never_clean(tmp_path: Path) -> None:
+    tree = vllm.tree_copy("0.33.0", tmp_path / "site-packages")
+    wheel = tree / INFO / "WHEEL"
+    replace_file(wheel, wheel.read_bytes().replace(b"linux_x86_64", b"linux_riscv64"))
+    code, doc = status_json("--root", str(tree))
+    row = doc["images"][0]
+    assert code == 1 and row["exit_code"] == 1 and row["reference"] is None
+    assert row["unverified"][0].startswith("no reference for vllm 0.33.0 on this platform")
+    res = run("status", "--root", str(tree))
+    assert res.returncode == 1 and "changed" in res.stderr and "no reference for vllm 0.33.0" in res.stdout
+
+
+# --- class 4: forged bytecode ----------------------------------------------------------------------------
+def test_forged_bytecode_is_caught_by_verify_and_status(tmp_path: Path) -> None:
+    tree = vllm.tree_copy("0.33.0", tmp_path / "site-packages")
+    res = run("apply", "--root", str(tree), "--python", PY, "--no-probe", "--report-dir", str(tmp_path / "a"))
+    assert res.returncode == 0, res.stderr
+    code, doc = status_json("--root", str(tree))
+    assert code == 0 and doc["images"][0]["bytecode"] == [] and doc["images"][0]["patch_sets"][PATCH_ID] == "applied"
+
+    marker = tmp_path / "forged-ran"
+    envs = tree / ENVS
+    pyc = Path(importlib.util.cache_from_source(str(envs)))
+    replace_file(pyc, forged_pyc(envs, f"open({str(marker)!r}, 'w').write('forged')\n".encode()))
+    # an unpatched module's timestamp bytecode with a header that is not its source's
+    logger_pyc = Path(importlib.util.cache_from_source(str(tree / "vllm/logger.py")))
+    stale = bytearray(logger_pyc.read_bytes())
+    stale[8:12] = (int.from_bytes(stale[8:12], "little") ^ 1).to_bytes(4, "little")
+    replace_file(logger_pyc, bytes(stale))
+    (tree / "vllm/sourceless.pyc").write_bytes(pyc.read_bytes())  # sourceless bytecode is importable
+    shadowing_stdlib(tree, marker)
+
+    code, doc = status_json("--root", str(tree))
+    row = doc["images"][0]
+    assert code == 1 and row["patch_sets"][PATCH_ID] == "applied"
+    assert [b.split(":")[0] for b in row["bytecode"]] == ["vllm/__pycache__/envs.cpython-311.pyc",
+                                                          "vllm/__pycache__/logger.cpython-311.pyc"]
+    assert "vllm/sourceless.pyc" in row["added"]
+    assert any(u.startswith("bytecode not verified") for u in row["unverified"])
+
+    res = run("verify", "--root", str(tree), "--python", PY, "--no-probe", "--json", "--report-dir", str(tmp_path / "v"))
+    assert res.returncode == 1, res.stderr
+    stale_list = res.json["integrity"]["stale_bytecode"]
+    assert stale_list == ["vllm/__pycache__/envs.cpython-311.pyc does not hold the code of vllm/envs.py "
+                          "(recompiled with this interpreter and compared)"]
+    assert res.json["integrity"]["bytecode_checked"] > 3000 and "vllm/sourceless.pyc" in res.json["integrity"]["added"]
+    assert not marker.exists()  # neither the forged code nor the shadowing modules ran
+
+
+# --- class 8 / 9: bad RECORD data, FIFOs ------------------------------------------------------------------
+@pytest.mark.parametrize("row", ["vllm/envs.py,sha256=not*base64!,100", "vllm/envs.py,sha256=AAAA,100",
+                                 "vllm/envs.py,sha256=,12x", "vllm/envs.py,md5=abc,1"])
+def test_a_malformed_record_row_is_one_line_and_the_other_rows_stay(tmp_path: Path, row: str) -> None:
+    clean = vllm.tree_copy("0.33.0", tmp_path / "clean" / "site-packages")
+    tree = vllm.tree_copy("0.33.0", tmp_path / "bad" / "site-packages")
+    rewrite_record(tree, {ENVS: row})
+    code, doc = status_json("--root", str(tree), "--root", str(clean))
+    bad, good = doc["images"]
+    assert "RECORD" in bad["error"] and "row" in bad["error"] and bad["exit_code"] == 2
+    assert good["error"] is None and good["exit_code"] == 0 and code == 2
+    for command in ("apply", "verify"):
+        res = run(command, "--root", str(tree), "--python", PY, "--no-probe", "--report-dir", str(tmp_path / command))
+        assert "RECORD" in res.assert_clean_error(2)
+
+
+def test_an_oversized_record_is_refused_unread(tmp_path: Path) -> None:
+    tree = vllm.tree_copy("0.33.0", tmp_path / "site-packages")
+    record = tree / INFO / "RECORD"
+    replace_file(record, record.read_bytes() + b"#" * (33 << 20))
+    code, doc = status_json("--root", str(tree))
+    assert code == 2 and "over the 32 MiB limit" in doc["images"][0]["error"]
+    res = run("verify", "--root", str(tree), "--python", PY, "--no-probe", "--report-dir", str(tmp_path / "v"))
+    assert "over the 32 MiB limit" in res.assert_clean_error(2)
+
+
+def test_a_fifo_in_record_or_in_place_of_a_file_never_blocks(tmp_path: Path) -> None:
+    tree = vllm.tree_copy("0.33.0", tmp_path / "site-packages")
+    os.mkfifo(tree / "vllm/listed_fifo")
+    (tree / "vllm/logger.py").unlink()
+    os.mkfifo(tree / "vllm/logger.py")
+    rewrite_record(tree, {"vllm/listed_fifo": "vllm/listed_fifo,sha256=" + b64(bytes(32)) + ",0"})
+    code, doc = status_json("--root", str(tree))
+    row = doc["images"][0]
+    assert code == 1 and "vllm/logger.py" in row["unexplained"] and "vllm/listed_fifo" in row["added"]
+    assert "vllm/listed_fifo" in row["record_disagrees"]
+    res = run("verify", "--root", str(tree), "--python", PY, "--no-probe", "--json", "--report-dir", str(tmp_path / "v"))
+    assert res.returncode == 1, res.stderr
+    assert "vllm/logger.py" in res.json["integrity"]["mismatched"] and "vllm/listed_fifo" in res.json["integrity"]["added"]
+
+
+# --- an image built FROM the fixture -----------------------------------------------------------------------
+def _docker(*args: str) -> str:
+    return subprocess.run(["docker", *args], check=True, capture_output=True, text=True).stdout
+
+
+@pytest.mark.docker
+def test_a_hostile_image_is_never_clean_and_fails_verify(tmp_path: Path) -> None:
+    fixture = images.fixture_image()
+    tree = vllm.tree_copy("0.33.0", tmp_path / "tree" / "site-packages")
+    context = tmp_path / "context"
+    context.mkdir()
+    init = (tree / "vllm/__init__.py").read_bytes() + b"\nimport os  # by hand\n"
+    (context / "init").write_bytes(init)
+    rewrite_record(tree, {"vllm/__init__.py": record_row("vllm/__init__.py", init)})
+    shutil.copy(tree / INFO / "RECORD", context / "RECORD")
+    (context / "envs.pyc").write_bytes(forged_pyc(tree / ENVS, b"import os\nos.environ['FORGED'] = '1'\n"))
+    envs_pyc = f"{SITE}/vllm/__pycache__/envs.cpython-311.pyc"
+    (context / "Dockerfile").write_text("\n".join([
+        f"FROM {fixture}", "USER root",
+        f"COPY init {SITE}/vllm/__init__.py", f"COPY RECORD {SITE}/{INFO}/RECORD", f"COPY envs.pyc {envs_pyc}",
+        # the header of the copied source's bytecode would be stale: put the real one back
+        f"RUN python3 -c \"import py_compile; py_compile.compile('{SITE}/vllm/__init__.py')\"",
+        "USER vllm"]) + "\n")
+    tag = f"dspark-patch-test/integrity:{secrets.token_hex(4)}"
+    _docker("build", "--quiet", "--network", "none", "-t", tag, str(context))
+    try:
+        for via in ("container", "layers"):
+            code, doc = status_json("--via", via, "--image", tag, "--image", fixture) if via == "layers" else \
+                status_json("--via", via, "--image", tag)
+            row = doc["images"][0]
+            assert code == 1 and row["unexplained"] == ["vllm/__init__.py"], (via, row)
+            assert row["record_disagrees"] == ["vllm/__init__.py"], (via, row)
+            assert [b.split(":")[0] for b in row["bytecode"]] == ["vllm/__pycache__/envs.cpython-311.pyc"], (via, row)
+            if via == "layers":
+                assert doc["images"][1]["exit_code"] == 0 and doc["images"][1]["unexplained"] == []
+        res = run("verify", "--image", tag, "--pull", "never", "--no-probe", "--json", "--report-dir", str(tmp_path / "v"))
+        assert res.returncode == 1, res.stderr
+        integrity = res.json["integrity"]
+        assert integrity["mismatched"] == ["vllm/__init__.py"] and integrity["record_disagrees"] == ["vllm/__init__.py"]
+        # (the other patched file's bytecode is pip's timestamp bytecode: the image is not patched)
+        assert "vllm/__pycache__/envs.cpython-311.pyc does not hold the code of vllm/envs.py " \
+               "(recompiled with this interpreter and compared)" in integrity["stale_bytecode"]
+        assert [s.split()[0] for s in integrity["stale_bytecode"]] == [
+            "vllm/__pycache__/envs.cpython-311.pyc", "vllm/models/deepseek_v4/nvidia/__pycache__/model.cpython-311.pyc"]
+        assert any(n.startswith("bytecode not proven: 6 .pyc") for n in res.json["notes"])  # compiled by the host's 3.11.7
+    finally:
+        subprocess.run(["docker", "rmi", "-f", tag], capture_output=True, check=False)
+
+
+def test_the_layer_reader_sees_startup_hooks_and_pth_files_and_refuses_a_bad_record() -> None:
+    """On the layer route (a layer written here: the reader alone, no engine)."""
+    import io
+    import tarfile
+
+    from dspark_patch.errors import BadInput
+    from dspark_patch.patchset import available
+    from dspark_patch.status.assess import assess
+    from dspark_patch.targets.layerfs import merge_scans, site_files, status_keep
+    from dspark_patch.targets.layers import scan_layer
+
+    site = "usr/local/lib/python3.11/dist-packages"
+    wheel = (vllm.installed_tree("0.33.0") / INFO / "WHEEL").read_bytes()
+
+    def layer(files: dict[str, bytes]):
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+            for rel, data in files.items():
+                member = tarfile.TarInfo(f"{site}/{rel}")
+                member.size = len(data)
+                tar.addfile(member, io.BytesIO(data))
+        buffer.seek(0)
+        return scan_layer(buffer, where="a test layer", keep=status_keep("vllm"))
+
+    base = {f"{INFO}/METADATA": b"Metadata-Version: 2.1\nName: vllm\nVersion: 0.33.0\n", f"{INFO}/WHEEL": wheel,
+            "vllm/__init__.py": b"", "sitecustomize/__init__.py": b"print('start')\n", "zz.pth": b"import os\n"}
+    good = layer({**base, f"{INFO}/RECORD": (record_row("vllm/__init__.py", b"") + "\n").encode()})
+    found = assess(site_files(merge_scans([good]), "vllm", "/" + site), available())
+    assert {"sitecustomize", "zz.pth"} <= set(found.added) and found.reference == f"{X86}.whl"
+    assert "vllm/envs.py" in found.missing and "vllm/envs.py" in found.record_disagrees
+    bad = layer({**base, f"{INFO}/RECORD": b"vllm/__init__.py,sha256=%%%,0\n"})
+    with pytest.raises(BadInput, match=r"RECORD: row 1"):
+        site_files(merge_scans([bad]), "vllm", "/" + site)
