@@ -86,15 +86,19 @@ def shadowing_stdlib(tree: Path, marker: Path) -> None:
 
 # --- the reference ----------------------------------------------------------------------------------
 @pytest.mark.slow
+@pytest.mark.parametrize("release", ["0.33.0", "0.32.0"])
 @pytest.mark.parametrize("platform", ["x86_64", "aarch64"])
-def test_the_shipped_reference_is_what_the_real_wheel_gives(platform: str) -> None:
-    wheel = vllm.wheel("0.33.0") if platform == "x86_64" else vllm.platform_wheel("0.33.0", "manylinux_2_28_aarch64")
+def test_the_shipped_reference_is_what_the_real_wheel_gives(release: str, platform: str) -> None:
+    """Each release a variant of the shipped patch set supports has a reference per platform."""
+    wheel = vllm.wheel(release) if platform == "x86_64" else vllm.platform_wheel(release, "manylinux_2_28_aarch64")
     document = build.reference_from_wheel(wheel)
     shipped = resources.files("dspark_patch.references").joinpath(build.file_name(document)).read_bytes()
     assert build.encode(document) == shipped
-    assert build.file_name(document) == f"{X86 if platform == 'x86_64' else ARM}.json.gz"
+    tag = "manylinux_2_28_x86_64" if platform == "x86_64" else "manylinux_2_28_aarch64"
+    assert build.file_name(document) == f"vllm-{release}-cp38-abi3-{tag}.json.gz"
     with zipfile.ZipFile(wheel) as zf:  # every file of the wheel, the wheel's RECORD aside
-        assert set(document["files"]) == {n for n in zf.namelist() if not n.endswith("/") and n != f"{INFO}/RECORD"}
+        info = f"vllm-{release}.dist-info"
+        assert set(document["files"]) == {n for n in zf.namelist() if not n.endswith("/") and n != f"{info}/RECORD"}
     assert json.loads(gzip.decompress(shipped))["files"]["vllm/envs.py"][0] == \
         hashlib.sha256(zipfile.ZipFile(wheel).read("vllm/envs.py")).hexdigest()
 
@@ -338,3 +342,15 @@ def test_the_layer_reader_sees_startup_hooks_and_pth_files_and_refuses_a_bad_rec
     bad = layer({**base, f"{INFO}/RECORD": b"vllm/__init__.py,sha256=%%%,0\n"})
     with pytest.raises(BadInput, match=r"RECORD: row 1"):
         site_files(merge_scans([bad]), "vllm", "/" + site)
+
+
+def test_every_release_a_shipped_variant_supports_has_a_reference_for_both_platforms() -> None:
+    """Without one, status of a correctly patched image of that release could never be clean."""
+    from dspark_patch.patchset import available
+    from dspark_patch.references import shipped
+
+    releases = {r for ps in available() if ps.distribution == "vllm" for v in ps.variants for r in v.releases}
+    assert {"0.33.0", "0.32.0"} <= releases
+    for release in sorted(releases):
+        names = shipped("vllm", release)
+        assert any("x86_64" in n for n in names) and any("aarch64" in n for n in names), (release, names)
