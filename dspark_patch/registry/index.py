@@ -340,22 +340,18 @@ class Registry:
 
     def push(self, reference: str, body: bytes, media_type: str) -> Manifest:
         """Put a manifest or index under `reference` (a tag); returns it with its digest."""
-        container = self._container(reference)
-        url = f"{self._prefix}://{container.manifest_url()}"
-        doing = f"pushing {reference}"
-        answer, said = self._request(url, "PUT", doing, limit=MANIFEST_LIMIT, data=body,
-                                     headers={"Content-Type": media_type})
-        self._check(answer, said, doing)
-        digest = digest_of(body)
-        served = answer.headers.get("Docker-Content-Digest")
-        if served and served != digest:
-            raise RegistryRefused(f"{reference}: the registry stored {served}, not {digest}")
-        return Manifest(reference=reference, media_type=media_type, digest=digest, body=body)
+        return self._put(reference, body, media_type)[0]
 
     def push_with_subject(self, reference: str, body: bytes, media_type: str) -> tuple[Manifest, bool]:
         """Put a manifest that names a `subject`; also says whether the registry acknowledged the
         subject (the OCI-Subject header of a registry with the referrers API). Without it the
         client keeps the fallback tag (registry/referrers.py)."""
+        manifest, answer = self._put(reference, body, media_type)
+        subject = json.loads(body).get("subject") or {}
+        said = answer.headers.get("OCI-Subject")
+        return manifest, bool(said) and said == subject.get("digest")
+
+    def _put(self, reference: str, body: bytes, media_type: str) -> tuple[Manifest, requests.Response]:
         container = self._container(reference)
         url = f"{self._prefix}://{container.manifest_url()}"
         doing = f"pushing {reference}"
@@ -366,9 +362,7 @@ class Registry:
         served = answer.headers.get("Docker-Content-Digest")
         if served and served != digest:
             raise RegistryRefused(f"{reference}: the registry stored {served}, not {digest}")
-        subject = json.loads(body).get("subject") or {}
-        acknowledged = bool(answer.headers.get("OCI-Subject")) and answer.headers.get("OCI-Subject") == subject.get("digest")
-        return Manifest(reference=reference, media_type=media_type, digest=digest, body=body), acknowledged
+        return Manifest(reference=reference, media_type=media_type, digest=digest, body=body), answer
 
     def referrers(self, repository: str, digest: str) -> list[dict[str, Any]] | None:
         """The descriptors the referrers API lists for `digest`; None when the registry has no
