@@ -24,8 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dspark_patch.engine.diff import parse_diff  # noqa: E402
-from dspark_patch.engine.plan import plan_patch  # noqa: E402
+from dspark_patch.patching.diff import parse_diff  # noqa: E402
+from dspark_patch.patching.plan import plan_patch  # noqa: E402
 from dspark_patch.targets.docker import DockerEngine  # noqa: E402
 from tests.support import images, vllm  # noqa: E402
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from dspark_patch.engine.diff import parse_diff
-from dspark_patch.engine.plan import plan_patch
+from dspark_patch.patching.diff import parse_diff
+from dspark_patch.patching.plan import plan_patch
 from dspark_patch.patchset import load_dir
 from dspark_patch.probe.run import bundle
 from dspark_patch.targets.fs import read_inside, write_plan

@@ -20,9 +20,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dspark_patch.engine.diff import parse_diff
-from dspark_patch.engine.plan import plan_patch
 from dspark_patch.errors import UnsupportedRelease
+from dspark_patch.patching.diff import parse_diff
+from dspark_patch.patching.plan import plan_patch
 from dspark_patch.patchset import load_dir
 from dspark_patch.targets.fs import read_inside, write_plan
 from tests.support import vllm

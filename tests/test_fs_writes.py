@@ -8,8 +8,8 @@ from unittest import mock
 
 import pytest
 
-from dspark_patch.engine import parse_diff, plan_patch
 from dspark_patch.errors import EnvironmentProblem, HashMismatch, UnsafePatch
+from dspark_patch.patching import parse_diff, plan_patch
 from dspark_patch.targets import fs
 from dspark_patch.targets.fs import read_inside, resolve_inside, restore_plan, write_plan
 from tests.support.trees import BASE, edit, make_tree, snapshot, udiff

@@ -23,7 +23,7 @@ import uuid
 import pytest
 
 from dspark_patch.errors import BadInput, CheckFailed, TargetNotFound
-from dspark_patch.pipeline.platforms import platform_tag
+from dspark_patch.pipeline.index_run import platform_tag
 from dspark_patch.registry.index import (
     DOCKER_LIST,
     DOCKER_MANIFEST,
@@ -38,7 +38,7 @@ from dspark_patch.registry.index import (
     digest_of,
     parse_index,
 )
-from dspark_patch.registry.platform import Platform
+from dspark_patch.registry.platform_select import Platform
 from tests.support.cli import run
 from tests.support.fake_registry import HANG, HUGE, fake_registry
 from tests.support.images import ROOT

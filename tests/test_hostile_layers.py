@@ -524,8 +524,8 @@ def test_hostile_layers_over_a_really_patched_image_fail_status_and_verify(trees
 
 @pytest.mark.parametrize("gone", [SITE, f"{SITE}/vllm", "usr/local/lib/python3.11"])
 def test_the_new_layers_check_refuses_a_whiteout_of_a_folder_above_a_patched_file(trees: dict[str, Path], gone: str) -> None:
-    from dspark_patch.engine.diff import parse_diff
-    from dspark_patch.engine.plan import plan_patch
+    from dspark_patch.patching.diff import parse_diff
+    from dspark_patch.patching.plan import plan_patch
     from dspark_patch.pipeline.image_steps import layer_changes
     from dspark_patch.targets.base import Distribution
     from dspark_patch.targets.docker.target import layer_entries

@@ -20,10 +20,9 @@ import zipfile
 import docker
 import pytest
 
-from dspark_patch.engine.plan import FilePlan, PatchPlan
 from dspark_patch.errors import EngineUnreachable, TagExists, TargetNotFound
-from dspark_patch.targets.docker import NAME_PREFIX, DockerEngine, ImageTarget, gc_containers
-from dspark_patch.targets.docker import commit as commits
+from dspark_patch.patching.plan import FilePlan, PatchPlan
+from dspark_patch.targets.docker import NAME_PREFIX, DockerEngine, ImageTarget, gc_containers, result_image
 from dspark_patch.targets.docker.naming import Owner
 from tests.support import images, vllm
 
@@ -359,7 +358,7 @@ def test_commit_keeps_a_null_entrypoint_null(engine):
     ref = images.no_vllm_image()
     source = engine.image_info(ref)
     assert source.config["Entrypoint"] is None
-    result = commits.commit(engine, source, _tiny_layer("/srv/x", b"x"), labels={}, tag=None, force=False)
+    result = result_image.build_result(engine, source, _tiny_layer("/srv/x", b"x"), labels={}, tag=None, force=False)
     try:
         committed = engine.image_info(result.id)
         assert committed.config["Entrypoint"] is None
@@ -403,7 +402,7 @@ def test_an_image_with_neither_entrypoint_nor_cmd_keeps_both_empty(engine):
     try:
         source = engine.image_info(bare_tag)
         assert not source.config["Cmd"]
-        committed = commits.commit(engine, source, _tiny_layer("/srv/y", b"y\n"), labels={}, tag=tag, force=False)
+        committed = result_image.build_result(engine, source, _tiny_layer("/srv/y", b"y\n"), labels={}, tag=tag, force=False)
         result = engine.image_info(tag)
         assert result.id == committed.id
         assert result.config.get("Cmd") == source.config.get("Cmd")

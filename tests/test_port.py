@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from dspark_patch.engine.diff import parse_diff
-from dspark_patch.engine.plan import plan_patch
+from dspark_patch.patching.diff import parse_diff
+from dspark_patch.patching.plan import plan_patch
 from dspark_patch.patchset import load_dir, resolve
 from dspark_patch.porting.merge import leftover_markers, merge_file
 from tests.support import port_032, vllm

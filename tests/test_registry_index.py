@@ -26,7 +26,7 @@ from dspark_patch.registry.index import (
     compose_index,
     republish,
 )
-from dspark_patch.registry.platform import Platform, UnknownPlatform, select
+from dspark_patch.registry.platform_select import Platform, UnknownPlatform, select
 from tests.support.images import ROOT
 from tests.support.index import (
     INDEX_ANNOTATIONS,

@@ -33,13 +33,13 @@ def platform_request(platform: str | None) -> str | None:
     """The `--platform` value as the pipeline takes it (None: the engine's own platform).
 
     Checked for form here, so a typo is exit 2 before any work; whether the index has each
-    platform is checked against the index itself (registry/platform.py `select`)."""
+    platform is checked against the index itself (registry/platform_select.py `select`)."""
     if platform is None:
         return None
     value = platform.strip()
     if value == "all":
         return value
-    from ..registry.platform import Platform
+    from ..registry.platform_select import Platform
 
     items = [item for item in value.split(",") if item.strip()]
     if not items:

@@ -10,7 +10,7 @@ from .attestation import AttestationRequest, verify_attestation
 from .image_steps import LABEL_PREFIX
 
 # The entry points dispatch an image index to `platforms`; anything else runs `commands` as is.
-from .platforms import apply, probe, verify
+from .index_run import apply, probe, verify
 from .requests import ApplyRequest, ImageSpec, LocalSpec, ProbeRequest, PullPolicy, TargetSpec, VerifyRequest
 from .runlog import StepCallback
 

@@ -19,11 +19,11 @@ from ..errors import BadInput, DsparkPatchError
 from ..patchset import resolve
 from ..registry import referrers
 from ..registry.index import Registry, parse_index
-from ..registry.platform import Platform, select
+from ..registry.platform_select import Platform, select
 from ..report.intoto import PREDICATE_TYPE, subjects, to_intoto
 from ..report.model import AttestationReport, AuditReport, StepReport, TargetReport
 from .image_steps import LABEL_PREFIX
-from .platforms import registry_host, repository_of
+from .index_run import registry_host, repository_of
 from .runlog import RunLog, StepCallback
 
 

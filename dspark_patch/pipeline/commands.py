@@ -11,8 +11,8 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
 
-from ..engine.plan import plan_patch
 from ..errors import BadInput, DsparkPatchError, ProbeFailed, UnreviewedVariant, VerifyMismatch
+from ..patching.plan import plan_patch
 from ..patchset import resolve
 from ..report.model import AuditReport, FileReport, ImageRef
 from ..targets.base import ImageCapable, PullCallback, Target

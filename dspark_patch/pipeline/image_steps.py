@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from .. import __version__
-from ..engine.plan import FilePlan, PatchPlan
 from ..errors import LayerMismatch
+from ..patching.plan import FilePlan, PatchPlan
 from ..patchset import PatchSet, Variant
 from ..report.model import ImageRef, LayerChange, LayerReport
 from ..targets.base import Distribution, ImageCapable, LayerEntry

@@ -18,8 +18,6 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 from pathlib import Path
 
-from ..engine.diff import Diff, parse_diff
-from ..engine.plan import FilePlan, PatchPlan
 from ..errors import (
     BadInput,
     CheckFailed,
@@ -32,6 +30,8 @@ from ..errors import (
     TargetNotFound,
 )
 from ..inside import source as inside_source
+from ..patching.diff import Diff, parse_diff
+from ..patching.plan import FilePlan, PatchPlan
 from ..patchset import PatchSet, Variant, load_dir, resolve
 from ..porting import review as review_md
 from ..porting.merge import FileMerge, leftover_markers, merge_file

@@ -23,7 +23,7 @@ class ImageSpec:
     force: bool = False
     push: bool = False
     # For an image index in a registry: `linux/amd64`, a comma list, or `all`; None is the
-    # engine's own platform (pipeline/platforms.py).
+    # engine's own platform (pipeline/index_run.py).
     platform: str | None = None
 
 

@@ -9,8 +9,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .. import references
-from ..engine.diff import Diff, parse_diff
-from ..engine.plan import FilePlan, PatchPlan, plan_patch
 from ..errors import (
     BadInput,
     CompileFailed,
@@ -22,6 +20,8 @@ from ..errors import (
 )
 from ..inside import source as inside_source
 from ..inside.integrity import own_folders
+from ..patching.diff import Diff, parse_diff
+from ..patching.plan import FilePlan, PatchPlan, plan_patch
 from ..patchset import PatchSet, Variant, resolve
 from ..probe.prestart import EarlyProbe
 from ..probe.run import run_probe, start_probe_early

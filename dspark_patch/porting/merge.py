@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from ..engine.diff import FilePatch, Hunk
-from ..engine.place import Placement, apply_hunks, describe_mismatch, matches_anywhere, place_hunks, split_lines
 from ..errors import EnvironmentProblem, HunkDoesNotApply
+from ..patching.diff import FilePatch, Hunk
+from ..patching.place import Placement, apply_hunks, describe_mismatch, matches_anywhere, place_hunks, split_lines
 
 MergeStatus = Literal["landed", "conflict"]
 

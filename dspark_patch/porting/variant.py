@@ -15,9 +15,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..engine.diff import parse_diff
-from ..engine.plan import plan_patch
 from ..errors import EnvironmentProblem, InvalidPatchSet
+from ..patching.diff import parse_diff
+from ..patching.plan import plan_patch
 
 
 @dataclass(frozen=True, kw_only=True)

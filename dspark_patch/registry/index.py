@@ -49,7 +49,7 @@ from dspark_patch.registry.manifest import (
     media_type_of,
     parse_index,
 )
-from dspark_patch.registry.platform import Platform
+from dspark_patch.registry.platform_select import Platform
 
 # A config or attestation blob read back through `fetch_blob`: bounded like a manifest, larger.
 BLOB_LIMIT = 64 << 20

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dspark_patch.errors import BadInput
-from dspark_patch.registry.platform import Platform
+from dspark_patch.registry.platform_select import Platform
 
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"

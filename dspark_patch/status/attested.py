@@ -13,7 +13,7 @@ from ..attest.check import Subject, check
 from ..attest.dsse import Verifier
 from ..errors import DsparkPatchError
 from ..patchset import PatchSet
-from ..pipeline.platforms import registry_host, repository_of
+from ..pipeline.index_run import registry_host, repository_of
 from ..registry.index import Registry
 from ..report.status_model import AttestedState, ImageStatus
 

@@ -13,10 +13,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from ..engine.plan import PatchPlan
+    from ..patching.plan import PatchPlan
 
 TargetKind = Literal["local", "image"]
-ChangeKind = Literal["A", "C", "D"]   # a container's change against its image: added, changed, deleted
 # The go-ahead files of `PreStarting.put_handshake` live at the target's root under this prefix.
 HANDSHAKE_PREFIX = ".dspark-patch-go-"
 

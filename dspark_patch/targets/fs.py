@@ -15,8 +15,8 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from dspark_patch.engine.plan import PatchPlan
 from dspark_patch.errors import BadInput, EnvironmentProblem, HashMismatch, TargetNotFound, UnsafePatch
+from dspark_patch.patching.plan import PatchPlan
 
 _NEW_FILE_MODE = 0o644
 _NEW_DIR_MODE = 0o755

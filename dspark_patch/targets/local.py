@@ -19,7 +19,7 @@ from . import fs
 from .base import Distribution, RecordEntry, RunResult, TargetInfo
 
 if TYPE_CHECKING:
-    from ..engine.plan import PatchPlan
+    from ..patching.plan import PatchPlan
 
 
 # The tree's own files must never run on the host: `-I` (inside/__init__.py) and a cwd outside

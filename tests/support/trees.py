@@ -6,7 +6,7 @@ import difflib
 import os
 from pathlib import Path
 
-from dspark_patch.engine import split_lines
+from dspark_patch.patching import split_lines
 
 BASE = b"".join(b"line %d\n" % i for i in range(1, 41))
 

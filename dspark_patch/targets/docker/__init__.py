@@ -1,23 +1,23 @@
 """A container image as a patch target: the only package that talks to the Docker engine.
 
 One idea a module:
-  engine.py     DockerEngine: connect, images (inspect, pull, tag, push, remove), path stats,
+  client.py     DockerEngine: connect, images (inspect, pull, tag, push, remove), path stats,
                 our containers (list, gc), and `started` (an image run with its own entrypoint)
   transfer.py   pull and push with the docker config's login; progress events; registry errors
   interpreter.py  which python in the image owns vLLM (config + stats, then one choice)
   naming.py     our containers' names and who owns one (the only place that decides either)
   container.py  WorkContainer: one keep-alive container; call, copy_out, copy_into (never committed)
   append.py     the source plus one layer tar, config kept, loaded as a `docker load` archive
-  commit.py     that image checked (one more layer, config field by field), then tagged
+  result_image.py  the patched image: source + layer (append.py), checked field by field, tagged
   signals.py    SIGTERM -> SystemExit while a container is alive, so it is removed
   target.py     ImageTarget: the Target protocol and ImageCapable on top of those
 """
 
 from __future__ import annotations
 
-from .commit import CONFIG_FIELDS
-from .engine import ContainerState, DockerEngine, ImageInfo, StartedContainer, gc_containers
+from .client import ContainerState, DockerEngine, ImageInfo, StartedContainer, gc_containers
 from .naming import KEEP_ENV, NAME_PREFIX
+from .result_image import CONFIG_FIELDS
 from .target import ImageTarget
 
 __all__ = [

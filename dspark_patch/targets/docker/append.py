@@ -23,7 +23,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from .engine import DockerEngine, ImageInfo
+from .client import DockerEngine, ImageInfo
 
 HISTORY_NOTE = "dspark-patch: the patched files, their bytecode and their folders"
 

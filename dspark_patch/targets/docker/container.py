@@ -24,7 +24,7 @@ import docker.errors
 
 from ...errors import EnvironmentProblem, UnsafePatch
 from ..base import RunResult
-from .engine import DockerEngine, reason
+from .client import DockerEngine, reason
 from .naming import KEEP_ENV, container_name, keep_requested
 from .signals import terminate_raises
 

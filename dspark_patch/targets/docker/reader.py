@@ -49,8 +49,8 @@ from ..sitepath import choose_site, interpreter_sites
 from . import interpreter
 
 # Our container naming is shared with `gc`; the lead moves these into targets/docker/ at merge.
-from .engine import DockerEngine
-from .engine import reason as _reason
+from .client import DockerEngine
+from .client import reason as _reason
 from .naming import container_name as _container_name
 
 PYTHON_MINORS = tuple(range(14, 5, -1))   # newest first: 3.14 … 3.6

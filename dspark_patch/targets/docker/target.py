@@ -5,7 +5,7 @@ Opening it checks the image, collects containers a killed run left behind, and s
 keep-alive container run by the image's own python; files are read and written through the
 engine's archive API and python runs per exec. That container is never committed: the new
 layer is taken from it as a tar of exactly the patched files, their bytecode and folders
-(`take_layer`), and the image is built from the source plus that tar (commit.py, append.py).
+(`take_layer`), and the image is built from the source plus that tar (result_image.py, append.py).
 """
 
 from __future__ import annotations
@@ -24,15 +24,14 @@ from ...inside import ISOLATED
 from ...inside import source as inside_source
 from ..base import HANDSHAKE_PREFIX, CommittedImage, Distribution, LayerEntry, RecordEntry, RunResult, TargetInfo
 from ..layers import TarStream
-from . import commit as commits
-from . import interpreter
+from . import interpreter, result_image
+from .client import DockerEngine, ImageInfo
 from .container import NEW_FILE, ExecutableMissing, FileMeta, RunningCall, WorkContainer
-from .engine import DockerEngine, ImageInfo
 from .reader import ImageReader
 from .transfer import PullCallback, PullPolicy
 
 if TYPE_CHECKING:
-    from ...engine.plan import PatchPlan
+    from ...patching.plan import PatchPlan
 
 _LOCATE_SOURCE = (Path(__file__).parent.parent.parent / "inside" / "locate.py").read_text()
 PYTHONS = ("python3", "python")
@@ -108,7 +107,7 @@ class ImageTarget:
     def _try_start(self, pythons: Sequence[str]) -> WorkContainer | None:
         for python in pythons:
             work = WorkContainer(self.engine, self.source.id, ref=self.ref, python=python,
-                                 keepalive={"entrypoint": commits.keepalive_argv(python), "command": None})
+                                 keepalive={"entrypoint": result_image.keepalive_argv(python), "command": None})
             try:
                 entered = self._stack.enter_context(work)
             except ExecutableMissing:
@@ -289,7 +288,7 @@ class ImageTarget:
         assert self._engine
         if self._layer is None:
             raise RuntimeError("take_layer() must run before commit()")
-        return commits.commit(self._engine, self.source, self._layer, labels=labels, tag=tag, force=force)
+        return result_image.build_result(self._engine, self.source, self._layer, labels=labels, tag=tag, force=force)
 
     def push(self, tag: str) -> str:
         """Push a tag (e.g. the committed result) to its registry; returns the manifest digest.
@@ -312,7 +311,7 @@ class ImageTarget:
     def refuse_existing_tag(self, tag: str, *, force: bool) -> None:
         """Fail early, before any work, when `tag` exists and may not be moved."""
         assert self._engine
-        commits.refuse_existing_tag(self._engine, tag, force=force)
+        result_image.refuse_existing_tag(self._engine, tag, force=force)
 
     def tag_source(self, tag: str, *, force: bool) -> CommittedImage:
         """Name the source image itself (it already carries the patch): no new layer."""

@@ -24,7 +24,7 @@ from ...registry.index import docker_config_file
 from ..base import PullCallback, PullProgress
 
 if TYPE_CHECKING:
-    from .engine import DockerEngine, ImageInfo
+    from .client import DockerEngine, ImageInfo
 
 PullPolicy = Literal["never", "missing", "always"]
 PULL_POLICIES: tuple[PullPolicy, ...] = ("never", "missing", "always")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import docker.errors
 
 from ...errors import EnvironmentProblem
-from .engine import DockerEngine, reason
+from .client import DockerEngine, reason
 from .naming import container_name, keep_requested
 
 # `uname -m` (what the engine's info reports) -> the architecture images are labelled with.

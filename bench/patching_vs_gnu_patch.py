@@ -1,6 +1,6 @@
 """Apply the whole vLLM 0.30.0 -> 0.31.0 Python diff with our engine and with GNU patch; print both times.
 
-    .venv/bin/python bench/engine_vs_gnu_patch.py [--rounds 5]
+    .venv/bin/python bench/patching_vs_gnu_patch.py [--rounds 5]
 
 Ours is timed end to end as the CLI would run it: parse the diff, plan every file (reading the
 tree), write the plan (temp file + os.replace per file), with each stage's share shown too.
@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dspark_patch.engine import parse_diff, plan_patch  # noqa: E402
+from dspark_patch.patching import parse_diff, plan_patch  # noqa: E402
 from dspark_patch.targets.fs import read_inside, write_plan  # noqa: E402
 from tests.support import vllm  # noqa: E402
 

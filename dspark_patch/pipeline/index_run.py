@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from ..errors import BadInput, DsparkPatchError, TagExists, TargetNotFound
 from ..registry.index import BadManifest, ImageIndex, Registry, check_before_pull, registry_host
-from ..registry.platform import Platform, select
+from ..registry.platform_select import Platform, select
 from ..report.model import AuditReport, Command, ErrorReport, ImageRef, IndexReport, PlatformReport, Status, TargetReport
 from ..targets.base import PullCallback
 from . import commands
@@ -178,8 +178,8 @@ class _IndexRun:
 
     def execute(self) -> AuditReport:
         from ..targets.docker import DockerEngine
-        from ..targets.docker.commit import refuse_existing_tag
-        from ..targets.docker.platforms import engine_platform
+        from ..targets.docker.emulation import engine_platform
+        from ..targets.docker.result_image import refuse_existing_tag
 
         run, spec, index = self.run, self.spec, self.index
         run.update(index=IndexReport(ref=spec.ref, media_type=index.manifest.media_type,
@@ -240,7 +240,7 @@ class _IndexRun:
         return {"apply": "patched", "verify": "verified", "probe": "probed"}[self.command]
 
     def _one(self, engine: DockerEngine, platform: Platform, native: Platform) -> PlatformReport:
-        from ..targets.docker.platforms import check_emulation
+        from ..targets.docker.emulation import check_emulation
 
         entry = self.index.entry_for(platform)
         ref = f"{repository_of(self.spec.ref)}@{entry.digest}"

@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dspark_patch.engine.diff import Hunk
 from dspark_patch.errors import HunkDoesNotApply
+from dspark_patch.patching.diff import Hunk
 
 _SHOWN_CHARS = 60
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dspark_patch.engine import parse_diff, plan_patch, split_lines
 from dspark_patch.errors import DsparkPatchError
+from dspark_patch.patching import parse_diff, plan_patch, split_lines
 from tests.support.trees import udiff
 
 # A small alphabet makes repeated lines (and so ambiguous-looking places) common.

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from dspark_patch.engine import parse_diff, plan_patch, split_lines
 from dspark_patch.errors import HunkDoesNotApply, PartlyApplied
+from dspark_patch.patching import parse_diff, plan_patch, split_lines
 from dspark_patch.targets.fs import read_inside, write_plan
 from tests.support import vllm
 

@@ -1,8 +1,8 @@
 """The pure patch engine: parse a diff, place hunks at zero fuzz, plan every file's new content."""
 
-from dspark_patch.engine.diff import Diff, FileAction, FilePatch, Hunk, HunkLine, LineKind, parse_diff
-from dspark_patch.engine.place import Placement, apply_hunks, place_hunks, split_lines
-from dspark_patch.engine.plan import FilePlan, PatchPlan, PlanStatus, plan_patch
+from dspark_patch.patching.diff import Diff, FileAction, FilePatch, Hunk, HunkLine, LineKind, parse_diff
+from dspark_patch.patching.place import Placement, apply_hunks, place_hunks, split_lines
+from dspark_patch.patching.plan import FilePlan, PatchPlan, PlanStatus, plan_patch
 
 __all__ = [
     "Diff",

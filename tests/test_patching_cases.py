@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 
-from dspark_patch.engine import PatchPlan, parse_diff, plan_patch, split_lines
 from dspark_patch.errors import (
     DsparkPatchError,
     HunkDoesNotApply,
@@ -14,6 +13,7 @@ from dspark_patch.errors import (
     PartlyApplied,
     UnsafePatch,
 )
+from dspark_patch.patching import PatchPlan, parse_diff, plan_patch, split_lines
 from dspark_patch.targets.fs import read_inside, write_plan
 from tests.support.trees import BASE, edit, make_tree, snapshot, udiff
 

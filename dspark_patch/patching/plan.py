@@ -12,8 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from dspark_patch.engine.diff import Diff, FileAction, FilePatch, Hunk
-from dspark_patch.engine.place import (
+from dspark_patch.errors import HunkDoesNotApply, PartlyApplied
+from dspark_patch.patching.diff import Diff, FileAction, FilePatch, Hunk
+from dspark_patch.patching.place import (
     Placement,
     apply_hunks,
     describe_mismatch,
@@ -21,7 +22,6 @@ from dspark_patch.engine.place import (
     place_hunks,
     split_lines,
 )
-from dspark_patch.errors import HunkDoesNotApply, PartlyApplied
 
 PlanStatus = Literal["apply", "already-applied"]
 _Direction = Literal["forward", "reverse"]

@@ -3,7 +3,7 @@
 The layer is a tar the tool made (the patched files, their bytecode and the folders above them,
 as they are in the work container) and the image is built from it (append.py), never committed
 from a container: nothing an engine writes into containers can reach it, and the config is the
-source's by construction. `check_commit` stays as a cheap check before anything is tagged.
+source's by construction. `check_result` stays as a cheap check before anything is tagged.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 from ...errors import CheckFailed, LayerMismatch, TagExists
 from ..base import CommittedImage
 from .append import append_layer
-from .engine import DockerEngine, ImageInfo
+from .client import DockerEngine, ImageInfo
 
 # Python run as root in an image without precompiled stdlib writes
 # /usr/lib/python3.X/__pycache__/*.pyc: every python we run gets `-B` (the work container is
@@ -42,7 +42,7 @@ def refuse_existing_tag(engine: DockerEngine, tag: str, *, force: bool) -> None:
         )
 
 
-def commit(
+def build_result(
     engine: DockerEngine, source: ImageInfo, layer: bytes, *,
     labels: Mapping[str, str], tag: str | None, force: bool,
 ) -> CommittedImage:
@@ -57,7 +57,7 @@ def commit(
     image_id = append_layer(engine, source, layer, expected)
     try:
         result = engine.image_info(image_id)
-        check_commit(source, result, expected)
+        check_result(source, result, expected)
         if tag:
             engine.tag(result.id, tag)
     except BaseException:
@@ -66,7 +66,7 @@ def commit(
     return CommittedImage(ref=tag or result.id, id=result.id, layers=result.layers)
 
 
-def check_commit(source: ImageInfo, result: ImageInfo, expected: Mapping[str, Any]) -> None:
+def check_result(source: ImageInfo, result: ImageInfo, expected: Mapping[str, Any]) -> None:
     if result.layers != source.layers + 1 or result.diff_ids[:-1] != source.diff_ids:
         raise LayerMismatch(
             f"the committed image has {result.layers} layers, expected {source.layers} + 1",
