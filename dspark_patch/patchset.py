@@ -71,6 +71,16 @@ class PatchSet:
     def is_bare(self) -> bool:
         return self.id is None
 
+    @property
+    def content_sha256(self) -> str:
+        """What a state of this patch set means (every variant's releases, diff and file hashes):
+        two runs agree on `applied` only when their patch sets have the same digest."""
+        text = "".join(
+            f"{v.name}\0{','.join(v.releases)}\0{v.diff_sha256}\0"
+            + "".join(f"{path}\0{h.pre_sha256}\0{h.post_sha256}\0" for path, h in sorted(v.files.items())) + "\n"
+            for v in self.variants)
+        return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
+
     def variant_for(self, release: str) -> Variant:
         for variant in self.variants:
             if release in variant.releases:

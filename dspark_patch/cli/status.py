@@ -16,6 +16,7 @@ from ..errors import BadInput
 from ..report.status_model import FleetStatus, ImageStatus
 from ..status.fleet import StatusRequest, read_refs_file
 from ..status.fleet import status as run_status
+from ..status.shard import parse_shard
 from . import common, output
 
 _err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -40,6 +41,7 @@ def status(
     as_json: common.JsonOpt = False,
     report_dir: Annotated[Path | None, typer.Option("--report-dir", help="Write status.json, status.md and junit.xml here.")] = None,
     junit: common.JunitOpt = None,
+    shard: Annotated[str | None, typer.Option("--shard", metavar="I/N", help="Read only share I (0-based) of N of the de-duplicated targets, sorted and cut into N runs of near-equal size; auto/N takes I from $JOB_COMPLETION_INDEX. Join the shards' status.json with dspark-patch report merge.")] = None,
     key: Annotated[Path | None, typer.Option("--key", help="A public key (PEM): also show, per applied patch set, whether a valid attestation signed with it is attached to the image in its registry (attested: yes/no/invalid; invalid is a finding).")] = None,
 ) -> None:
     """Read-only audit of many images: vLLM release, each patch set's state, files changed or added by hand.
@@ -61,7 +63,7 @@ def status(
     if not refs and not roots:
         raise BadInput("give at least one --image REF, --images-from FILE or --root DIR", hint="see dspark-patch status --help")
     request = StatusRequest(images=refs, roots=roots, platform=platform, pull=pull, jobs=jobs, via=via,  # type: ignore[arg-type]
-                            key=str(key) if key else None)
+                            key=str(key) if key else None, shard=parse_shard(shard) if shard is not None else None)
     fleet = run_status(request, on_progress=_progress(not as_json))
     _write(fleet, report_dir, junit)
     if as_json:
@@ -101,7 +103,8 @@ def _progress(enabled: bool):
 
 def _table(fleet: FleetStatus) -> None:
     ids = fleet.patch_set_ids
-    table = Table(title=f"dspark-patch status: {len(fleet.images)} image(s) in {fleet.seconds:.1f}s", title_justify="left")
+    share = f" (shard {fleet.shard.index}/{fleet.shard.count} of {fleet.shard.targets})" if fleet.shard else ""
+    table = Table(title=f"dspark-patch status: {len(fleet.images)} image(s){share} in {fleet.seconds:.1f}s", title_justify="left")
     keyed = any(i.attested for i in fleet.images)
     for column in ("image", "vLLM", "python", *ids, "unexplained", "missing", "added", *(["attested"] if keyed else [])):
         table.add_column(column, overflow="fold")

@@ -52,17 +52,45 @@ class ImageStatus:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ShardInfo:
+    """`status --shard I/N`: which share of the whole target list this run read (status/shard.py)."""
+    index: int                 # 0-based, as JOB_COMPLETION_INDEX
+    count: int                 # N
+    targets: int               # how many targets the whole (de-duplicated) list holds
+    list_sha256: str           # the whole list, sorted: every shard of one run has the same
+    positions: tuple[int, ...]  # each row's place in the whole list as given, in the order of `images`
+
+
+@dataclass(frozen=True, kw_only=True)
+class MergeInfo:
+    """`report merge`: the shards a merged report was joined from."""
+    count: int                 # N
+    shards: tuple[int, ...]    # the indexes joined
+    missing: tuple[int, ...]   # the indexes not given (only with --allow-partial): their targets are not here
+
+    @property
+    def partial(self) -> bool:
+        return bool(self.missing)
+
+
+@dataclass(frozen=True, kw_only=True)
 class FleetStatus:
     images: tuple[ImageStatus, ...]
     tool_version: str
     started_at: str
     seconds: float
     schema: str = STATUS_SCHEMA
+    # Every known patch set's id and content digest (patchset.content_sha256): what the states mean.
+    patch_set_digests: tuple[tuple[str, str], ...] = ()
+    shard: ShardInfo | None = None
+    merged: MergeInfo | None = None
 
     @property
     def exit_code(self) -> int:
-        # The worse class wins: an engine problem over bad input over findings.
-        return max((i.exit_code for i in self.images), default=0)
+        # The worse class wins: an engine problem over bad input over findings. A partial merge
+        # proves nothing of its missing shards' targets: never 0.
+        worst = max((i.exit_code for i in self.images), default=0)
+        return max(worst, 1) if self.merged is not None and self.merged.partial else worst
 
     @property
     def patch_set_ids(self) -> tuple[str, ...]:

@@ -29,8 +29,18 @@ def _row(image: ImageStatus) -> dict[str, Any]:
 
 
 def to_status_dict(fleet: FleetStatus) -> dict[str, Any]:
-    return {"schema": fleet.schema, "tool_version": fleet.tool_version, "started_at": fleet.started_at,
-            "seconds": fleet.seconds, "exit_code": fleet.exit_code, "images": [_row(i) for i in fleet.images]}
+    doc: dict[str, Any] = {"schema": fleet.schema, "tool_version": fleet.tool_version, "started_at": fleet.started_at,
+                           "seconds": fleet.seconds, "exit_code": fleet.exit_code,
+                           "patch_set_digests": dict(fleet.patch_set_digests)}
+    if fleet.shard is not None:
+        s = fleet.shard
+        doc["shard"] = {"index": s.index, "count": s.count, "targets": s.targets, "list_sha256": s.list_sha256,
+                        "positions": list(s.positions)}
+    if fleet.merged is not None:
+        m = fleet.merged
+        doc["merged"] = {"count": m.count, "shards": list(m.shards), "missing": list(m.missing), "partial": m.partial}
+    doc["images"] = [_row(i) for i in fleet.images]
+    return doc
 
 
 def to_status_json(fleet: FleetStatus) -> str:
@@ -43,6 +53,18 @@ def verdict(image: ImageStatus) -> str:
     return "changed" if image.findings else "clean"
 
 
+def scope(fleet: FleetStatus) -> list[str]:
+    """What share of the fleet a sharded or merged report covers; nothing for a whole run."""
+    if fleet.shard is not None:
+        s = fleet.shard
+        return [f"Shard {s.index}/{s.count}: {len(s.positions)} of the list's {s.targets} target(s)."]
+    if fleet.merged is not None and fleet.merged.partial:
+        m = fleet.merged
+        return [f"**Partial**: merged from shard(s) {', '.join(map(str, m.shards))} of {m.count}; shard(s) "
+                f"{', '.join(map(str, m.missing))} missing, their images are not in this report (never clean)."]
+    return []
+
+
 def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
@@ -53,6 +75,7 @@ def to_status_markdown(fleet: FleetStatus) -> str:
     keyed = any(i.attested for i in fleet.images)
     lines = ["## dspark-patch status", "",
              f"{len(fleet.images)} image(s), exit code {fleet.exit_code}, {fleet.seconds:.1f}s.", "",
+             *(f"{line}\n" for line in scope(fleet)),
              "| | image | vLLM | python | " + " | ".join(f"`{i}`" for i in ids) + " | unexplained | missing | added |"
              + (" attested |" if keyed else ""),
              "|---|---|---|---|" + "---|" * len(ids) + "---|---|---|" + ("---|" if keyed else "")]
@@ -80,12 +103,18 @@ def to_status_markdown(fleet: FleetStatus) -> str:
 
 
 def to_status_junit(fleet: FleetStatus) -> str:
+    missing = fleet.merged.missing if fleet.merged is not None else ()
+    tests = len(fleet.images) + len(missing)
     failures = sum(1 for i in fleet.images if i.exit_code == 1)
-    errors = sum(1 for i in fleet.images if i.exit_code > 1)
-    suites = ET.Element("testsuites", name="dspark-patch status", tests=str(len(fleet.images)),
+    errors = sum(1 for i in fleet.images if i.exit_code > 1) + len(missing)
+    suites = ET.Element("testsuites", name="dspark-patch status", tests=str(tests),
                         failures=str(failures), errors=str(errors), time=f"{fleet.seconds:.3f}")
-    suite = ET.SubElement(suites, "testsuite", name="status", tests=str(len(fleet.images)),
+    suite = ET.SubElement(suites, "testsuite", name="status", tests=str(tests),
                           failures=str(failures), errors=str(errors), time=f"{fleet.seconds:.3f}")
+    for index in missing:  # a partial merge: what was not read is an error, never a pass
+        assert fleet.merged is not None
+        case = ET.SubElement(suite, "testcase", classname="status", name=f"shard {index}/{fleet.merged.count}")
+        ET.SubElement(case, "error", message=f"shard {index}/{fleet.merged.count} missing: its images were not read")
     for image in fleet.images:
         case = ET.SubElement(suite, "testcase", classname="status", name=image.ref)
         detail = [f"{pid}: {state}" for pid, state in image.patch_sets]

@@ -22,6 +22,7 @@ from ..registry.index import check_before_pull
 from ..report.status_model import FleetStatus, ImageStatus
 from ..targets.sitefiles import SiteFiles
 from .assess import assess, patched_paths
+from .shard import Shard, pick
 
 if TYPE_CHECKING:
     from ..targets.docker import DockerEngine
@@ -42,6 +43,7 @@ class StatusRequest:
     jobs: int = 4
     via: Via = "auto"
     key: str | None = None   # a public key (PEM): also report each applied patch set's attestation
+    shard: Shard | None = None  # read only this share of roots + images (status/shard.py)
 
 
 def read_refs_file(path: Path) -> tuple[str, ...]:
@@ -101,6 +103,13 @@ def status(request: StatusRequest, *, on_progress: ProgressCallback | None = Non
         verifier = load_verifier(Path(request.key))
     progress = on_progress or (lambda ref, event, row: None)
     rows: dict[str, ImageStatus] = {}
+    shard = None
+    if request.shard is not None:
+        whole = list(dict.fromkeys([*request.roots, *request.images]))
+        shard = pick(whole, request.shard)
+        mine = {whole[i] for i in shard.positions}
+        request = replace(request, roots=tuple(r for r in request.roots if r in mine),
+                          images=tuple(r for r in request.images if r in mine))
 
     for root in request.roots:
         from ..targets.localview import read_site
@@ -128,7 +137,8 @@ def status(request: StatusRequest, *, on_progress: ProgressCallback | None = Non
     order = [*request.roots, *request.images]
     return FleetStatus(images=tuple(rows[ref] for ref in dict.fromkeys(order)), tool_version=__version__,
                        started_at=started.isoformat(timespec="seconds").replace("+00:00", "Z"),
-                       seconds=round(time.monotonic() - clock, 3))
+                       seconds=round(time.monotonic() - clock, 3), shard=shard,
+                       patch_set_digests=tuple((p.id, p.content_sha256) for p in patchsets if p.id))
 
 
 def _read_images(request: StatusRequest, patchsets: Sequence[PatchSet], progress: ProgressCallback) -> dict[str, ImageStatus]:
