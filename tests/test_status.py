@@ -4,6 +4,7 @@ images built FROM the fixture on the real engine, read without starting any cont
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import shutil
 import subprocess
@@ -307,3 +308,42 @@ def test_status_reads_an_image_made_by_apply_beside_its_source_in_one_save(sourc
             assert code == 0
     finally:
         subprocess.run(["docker", "rmi", "-f", tag], capture_output=True, check=False)
+
+
+@pytest.mark.engine
+def test_status_sharded_and_merged_is_the_unsharded_run(fleet: dict[str, str], tmp_path: Path) -> None:
+    """A CI matrix / indexed Job of N runs, then `report merge`: the same rows in the same order,
+    the same exit code, Markdown and JUnit as one run over the whole list (N = 1, 2, 3)."""
+    given = [fleet[k] for k in ("patched", "no-vllm", "fixture", "added", "edited", "elsewhere")]
+    given.insert(3, "127.0.0.1:9/dspark-patch/absent:1")   # not there: its row, exit 2
+    refs = tmp_path / "refs"
+    refs.write_text("\n".join(given) + "\n")
+    code, whole = status_json("--images-from", str(refs), "--report-dir", str(tmp_path / "whole"))
+    assert code == whole["exit_code"] == 2 and [r["ref"] for r in whole["images"]] == given
+
+    def bare(doc: dict) -> dict:
+        return {k: v for k, v in doc.items() if k not in ("started_at", "seconds", "merged")}
+
+    def no_seconds(text: str) -> str:
+        return re.sub(r'time="[0-9.]+"', 'time=""', re.sub(r", [0-9.]+s\.", ", s.", text))
+
+    for count in (1, 2, 3):
+        paths, seen = [], []
+        for index in range(count):
+            out = tmp_path / f"{count}-{index}"
+            # The way an indexed Job runs it: the index from the environment.
+            res = run("status", "--images-from", str(refs), "--shard", f"auto/{count}", "--report-dir", str(out),
+                      env={"JOB_COMPLETION_INDEX": str(index)})
+            shard = json.loads((out / "status.json").read_text())
+            assert res.returncode == shard["exit_code"] and shard["shard"]["index"] == index, res.stderr
+            seen += [r["ref"] for r in shard["images"]]
+            paths.append(str(out / "status.json"))
+        assert sorted(seen) == sorted(given)   # every image in exactly one shard
+        res = run("report", "merge", *reversed(paths))
+        assert res.returncode == 2, res.stderr
+        merged = json.loads(res.stdout)
+        jsonschema.Draft202012Validator(load_status_schema(), format_checker=jsonschema.FormatChecker()).validate(merged)
+        assert bare(merged) == bare(whole), count
+        for fmt, name in (("md", "status.md"), ("junit", "junit.xml")):
+            res = run("report", "merge", *paths, "--format", fmt)
+            assert res.returncode == 2 and no_seconds(res.stdout) == no_seconds((tmp_path / "whole" / name).read_text())
