@@ -163,7 +163,9 @@ def test_verify_catches_an_edited_unrelated_file(vllm033_tree: Path, tmp_path: P
 
 
 def test_verify_of_an_unpatched_tree_says_unpatched(vllm033_tree: Path, tmp_path: Path) -> None:
-    res = run("verify", "--root", str(vllm033_tree), "--python", PY, "--report-dir", str(tmp_path / "v"))
+    # (no probe: the verdict comes from the patched files; the probe on an unpatched tree is
+    # the next test's)
+    res = run("verify", "--root", str(vllm033_tree), "--python", PY, "--no-probe", "--report-dir", str(tmp_path / "v"))
     line = res.assert_clean_error(1)
     assert "unpatched" in line
 
@@ -173,7 +175,8 @@ def test_probe_command_fails_on_an_unpatched_tree_and_passes_after_apply(vllm033
     assert res.returncode == 1
     failing = [c["name"] for c in res.json["probe"]["cases"] if not c["ok"]]
     assert failing, "an unpatched tree must fail the probe"
-    assert run("apply", "--root", str(vllm033_tree), "--python", PY, "--report-dir", str(tmp_path / "a")).returncode == 0
+    # (apply's own probe run is the first test's; here the probe command says it passes)
+    assert run("apply", "--root", str(vllm033_tree), "--python", PY, "--no-probe", "--report-dir", str(tmp_path / "a")).returncode == 0
     res = run("probe", "--root", str(vllm033_tree), "--python", PY, "--json", "--report-dir", str(tmp_path / "p2"))
     assert res.returncode == 0 and res.json["probe"]["ok"]
 

@@ -34,7 +34,11 @@ def sha(data: bytes) -> str:
 @pytest.fixture
 def patch_set(tmp_path: Path) -> Path:
     """A copy of the shipped patch set without its 0.32.0 variant: what a port starts from."""
-    dest = tmp_path / "patches" / "dspark-skip-mtp-buffer"
+    return _starting_patch_set(tmp_path)
+
+
+def _starting_patch_set(where: Path) -> Path:
+    dest = where / "patches" / "dspark-skip-mtp-buffer"
     shutil.copytree(SHIPPED.source, dest)
     toml = (dest / "patch.toml").read_text(encoding="utf-8")
     cut = toml.index("\n# Made by `dspark-patch port --to 0.32.0`")
@@ -48,6 +52,22 @@ def patch_set(tmp_path: Path) -> Path:
 def port(patch_set: Path, release: str, work: Path, *extra: str):
     return run("port", "--patch", str(patch_set), "--to", release, "--wheel", str(vllm.wheel(release)),
                "--work", str(work), "--python", PY, *extra)
+
+
+@pytest.fixture(scope="module")
+def first_call_032(tmp_path_factory: pytest.TempPathFactory):
+    """The first `port --to 0.32.0` (it stops at the conflicts): its result and its work folder,
+    made once. A test that goes on from there gets a copy of that folder (`_from_first_call`), the
+    state a second call of its own finds; the work folder names the patch set by id, not path."""
+    where = tmp_path_factory.mktemp("first-port")
+    return port(_starting_patch_set(where), "0.32.0", where / "work"), where / "work"
+
+
+def _from_first_call(first_call_032, tmp_path: Path) -> Path:
+    result, work = first_call_032
+    result.assert_clean_error(1)
+    shutil.copytree(work, tmp_path / "work", symlinks=True)
+    return tmp_path / "work"
 
 
 def unchanged(patch_set: Path) -> bool:
@@ -95,9 +115,9 @@ def test_a_changed_context_line_is_a_conflict_even_where_git_merges_cleanly() ->
 
 # --- port --to 0.32.0 --------------------------------------------------------------------------
 
-def test_port_to_0_32_0_stops_at_the_named_conflicts_and_writes_no_broken_file(patch_set: Path, tmp_path: Path) -> None:
-    work = tmp_path / "work"
-    res = port(patch_set, "0.32.0", work)
+def test_port_to_0_32_0_stops_at_the_named_conflicts_and_writes_no_broken_file(first_call_032) -> None:
+    res, work = first_call_032
+    patch_set = work.parent / "patches" / "dspark-skip-mtp-buffer"
     res.assert_clean_error(1)
     assert "conflict: vllm/envs.py: hunk #1 (@@ -335,6 +335,7 @@): its context line '    VLLM_REQUEST_BODY_LOG_LEVEL" in res.stdout
     assert "conflict: vllm/envs.py: hunk #2 (@@ -2284,6 +2285,14 @@)" in res.stdout
@@ -115,9 +135,8 @@ def test_port_to_0_32_0_stops_at_the_named_conflicts_and_writes_no_broken_file(p
     assert sha((work / "tree" / ENVS).read_bytes()) == sha((vllm.python_sources("0.32.0") / ENVS).read_bytes())
 
 
-def test_a_second_call_with_markers_left_refuses_and_names_them(patch_set: Path, tmp_path: Path) -> None:
-    work = tmp_path / "work"
-    port(patch_set, "0.32.0", work).assert_clean_error(1)
+def test_a_second_call_with_markers_left_refuses_and_names_them(first_call_032, patch_set: Path, tmp_path: Path) -> None:
+    work = _from_first_call(first_call_032, tmp_path)
     res = port(patch_set, "0.32.0", work)
     msg = res.assert_clean_error(1)
     assert "conflict markers are left in the work folder" in msg and "vllm/envs.py: line(s)" in msg
@@ -125,9 +144,8 @@ def test_a_second_call_with_markers_left_refuses_and_names_them(patch_set: Path,
 
 
 def test_after_the_hand_resolution_the_second_call_writes_an_unreviewed_variant_whose_probe_passes(
-        patch_set: Path, tmp_path: Path) -> None:
-    work = tmp_path / "work"
-    port(patch_set, "0.32.0", work).assert_clean_error(1)
+        first_call_032, patch_set: Path, tmp_path: Path) -> None:
+    work = _from_first_call(first_call_032, tmp_path)
     port_032.resolve(work / "files", (vllm.python_sources("0.32.0") / ENVS).read_bytes())
     res = port(patch_set, "0.32.0", work)
     assert res.returncode == 0, (res.stdout, res.stderr)

@@ -43,6 +43,12 @@ def patched_tree(where: Path) -> Path:
     return tree
 
 
+def _linked_copy(tree: Path, where: Path) -> Path:
+    where.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["cp", "-al", str(tree), str(where)], check=True)
+    return where
+
+
 def add_hand_files(tree: Path) -> None:
     (tree / "vllm" / "extra_hook.py").write_text("print('hello')\n")
     (tree / "zz-hook.pth").write_text("import os\n")
@@ -52,11 +58,12 @@ def add_hand_files(tree: Path) -> None:
 def test_status_of_real_trees_names_states_and_exact_files(tmp_path: Path) -> None:
     fresh = vllm.tree_copy("0.33.0", tmp_path / "fresh" / "site-packages")
     patched = patched_tree(tmp_path / "patched" / "site-packages")
-    edited = patched_tree(tmp_path / "edited" / "site-packages")
+    # Hard-link copies of the one patched tree (files are only ever replaced, never written into).
+    edited = _linked_copy(patched, tmp_path / "edited" / "site-packages")
     replace_file(edited / ENVS, (edited / ENVS).read_bytes() + b"# by hand\n")
     elsewhere = vllm.tree_copy("0.33.0", tmp_path / "elsewhere" / "site-packages")
     replace_file(elsewhere / ELSEWHERE, (elsewhere / ELSEWHERE).read_bytes() + b"# by hand\n")
-    added = patched_tree(tmp_path / "added" / "site-packages")
+    added = _linked_copy(patched, tmp_path / "added" / "site-packages")
     add_hand_files(added)
     half = vllm.tree_copy("0.33.0", tmp_path / "half" / "site-packages")
     replace_file(half / ENVS, (patched / ENVS).read_bytes())
