@@ -220,19 +220,26 @@ def test_forged_bytecode_is_caught_by_verify_and_status(tmp_path: Path) -> None:
 
 
 # --- class 8 / 9: bad RECORD data, FIFOs ------------------------------------------------------------------
-@pytest.mark.parametrize("row", ["vllm/envs.py,sha256=not*base64!,100", "vllm/envs.py,sha256=AAAA,100",
-                                 "vllm/envs.py,sha256=,12x", "vllm/envs.py,md5=abc,1"])
-def test_a_malformed_record_row_is_one_line_and_the_other_rows_stay(tmp_path: Path, row: str) -> None:
+MALFORMED_ROWS = ("vllm/envs.py,sha256=not*base64!,100", "vllm/envs.py,sha256=AAAA,100",
+                  "vllm/envs.py,sha256=,12x", "vllm/envs.py,md5=abc,1")
+
+
+def test_a_malformed_record_row_is_one_line_and_the_other_rows_stay(tmp_path: Path) -> None:
+    # One status run over every malformed tree and one clean tree (read once, not once per row).
     clean = vllm.tree_copy("0.33.0", tmp_path / "clean" / "site-packages")
-    tree = vllm.tree_copy("0.33.0", tmp_path / "bad" / "site-packages")
-    rewrite_record(tree, {ENVS: row})
-    code, doc = status_json("--root", str(tree), "--root", str(clean))
-    bad, good = doc["images"]
-    assert "RECORD" in bad["error"] and "row" in bad["error"] and bad["exit_code"] == 2
+    trees = []
+    for i, row in enumerate(MALFORMED_ROWS):
+        trees.append(vllm.tree_copy("0.33.0", tmp_path / f"bad{i}" / "site-packages"))
+        rewrite_record(trees[-1], {ENVS: row})
+    code, doc = status_json(*(a for t in (*trees, clean) for a in ("--root", str(t))))
+    *bad, good = doc["images"]
+    for row, image in zip(MALFORMED_ROWS, bad, strict=True):
+        assert "RECORD" in image["error"] and "row" in image["error"] and image["exit_code"] == 2, row
     assert good["error"] is None and good["exit_code"] == 0 and code == 2
-    for command in ("apply", "verify"):
-        res = run(command, "--root", str(tree), "--python", PY, "--no-probe", "--report-dir", str(tmp_path / command))
-        assert "RECORD" in res.assert_clean_error(2)
+    for row, tree in zip(MALFORMED_ROWS, trees, strict=True):
+        for command in ("apply", "verify"):
+            res = run(command, "--root", str(tree), "--python", PY, "--no-probe", "--report-dir", str(tree.parent / command))
+            assert "RECORD" in res.assert_clean_error(2), (row, command)
 
 
 def test_an_oversized_record_is_refused_unread(tmp_path: Path) -> None:
