@@ -178,12 +178,18 @@ def test_bad_shard_values_are_one_line_exit_2(folders: dict[str, str]) -> None:
             ("1/0", {}, "--shard 1/0: N must be at least 1"),
             ("a/b", {}, "--shard 'a/b' is not I/N"),
             ("-1/2", {}, "--shard '-1/2' is not I/N"),
+            ("2", {}, "--shard '2' is not I/N"),
+            ("auto/2", {}, "--shard auto/2: $JOB_COMPLETION_INDEX is not set"),
             ("auto/2", {"JOB_COMPLETION_INDEX": "x"}, "--shard auto/2: $JOB_COMPLETION_INDEX is 'x', not a shard index"),
             ("auto/2", {"JOB_COMPLETION_INDEX": "2"}, "--shard 2/2: the index must be below 2")):
+        with pytest.raises(BadInput) as caught:
+            parse_shard(value, env)
+        assert expected in caught.value.message, value
+    # Through the command: one line, exit 2, before anything is read.
+    for value, env, expected in (("3/3", {}, "the index must be below 3"),
+                                 ("auto/2", {"JOB_COMPLETION_INDEX": "x"}, "is 'x', not a shard index")):
         res = run("status", "--root", folders["empty"], "--shard", value, env=env)
         assert expected in res.assert_clean_error(2), value
-    with pytest.raises(BadInput, match=r"JOB_COMPLETION_INDEX is not set"):
-        parse_shard("auto/2", {})
 
 
 def test_auto_takes_the_index_from_an_indexed_job(run3: dict) -> None:
