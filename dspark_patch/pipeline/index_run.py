@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, TypeVar
 from ..errors import BadInput, DsparkPatchError, TagExists, TargetNotFound
 from ..registry.index import BadManifest, ImageIndex, Registry, check_before_pull, registry_host
 from ..registry.platform_select import Platform, select
-from ..report.model import AuditReport, Command, ErrorReport, ImageRef, IndexReport, PlatformReport, Status, TargetReport
+from ..report.model import AuditReport, Command, ErrorReport, ImageRecord, IndexReport, PlatformReport, Status, TargetReport
 from ..targets.base import PullCallback
 from . import commands
 from .requests import ApplyRequest, ImageSpec, ProbeRequest, VerifyRequest
@@ -295,7 +295,7 @@ class _IndexRun:
                 assert image is not None  # an applied or already-applied image run names its result
                 tag = tags[Platform.parse(r.platform)]
                 engine.tag(image.id, tag)
-                tagged.append(replace(r, report=replace(r.report, result_image=ImageRef(ref=tag, id=image.id))))
+                tagged.append(replace(r, report=replace(r.report, result_image=ImageRecord(ref=tag, id=image.id))))
         return tagged
 
     def _publish(self, engine: DockerEngine, reports: list[PlatformReport], tags: dict[Platform, str], index_tag: str) -> None:

@@ -12,7 +12,7 @@ import re
 from typing import Any
 
 from dspark_patch.errors import BadInput
-from dspark_patch.report.model import AuditReport, ImageRef
+from dspark_patch.report.model import AuditReport, ImageRecord
 from dspark_patch.serialise import to_data
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
@@ -32,7 +32,7 @@ def sha256_hex(digest: str) -> str:
     return m.group(1)
 
 
-def image_subject(image: ImageRef) -> tuple[str, str]:
+def image_subject(image: ImageRecord) -> tuple[str, str]:
     """(name, digest) of an image for a subject: the pushed manifest digest when there is one,
     since that is what registries, cosign and admission policies key on; else the image id."""
     if image.repo_digest:
