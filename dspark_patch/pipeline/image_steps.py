@@ -10,6 +10,7 @@ from dataclasses import replace
 
 from .. import __version__
 from ..errors import LayerMismatch
+from ..imageref import ImageRef
 from ..patching.plan import FilePlan, PatchPlan
 from ..patchset import PatchSet, Variant
 from ..report.model import ImageRecord, LayerChange, LayerReport
@@ -78,7 +79,7 @@ def commit_image(spec: ImageSpec, target: ImageCapable, plan: PatchPlan, patchse
         except BaseException:
             run.update(result_image=None)  # the target removed the tag again: there is no result
             raise
-        repository = spec.tag.rsplit(":", 1)[0] if ":" in spec.tag.rsplit("/", 1)[-1] else spec.tag
+        repository = ImageRef.parse(spec.tag).name
         run.update(result_image=ImageRecord(ref=committed.ref, id=committed.id, repo_digest=f"{repository}@{digest}"))
         run.notes.append(f"pushed {spec.tag} as {repository}@{digest}")
 

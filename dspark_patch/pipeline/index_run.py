@@ -19,7 +19,8 @@ from functools import partial
 from typing import TYPE_CHECKING, TypeVar
 
 from ..errors import BadInput, DsparkPatchError, TagExists, TargetNotFound
-from ..registry.index import BadManifest, ImageIndex, Registry, check_before_pull, registry_host
+from ..imageref import ImageRef
+from ..registry.index import BadManifest, ImageIndex, Registry, check_before_pull
 from ..registry.platform_select import Platform, select
 from ..report.model import AuditReport, Command, ErrorReport, ImageRecord, IndexReport, PlatformReport, Status, TargetReport
 from ..targets.base import PullCallback
@@ -73,22 +74,12 @@ def platform_tag(tag: str, platform: Platform) -> str:
     Injective: platform parts are `[a-z0-9]+` (refused otherwise, `Platform.tag_suffix`), so
     the `-` between them cannot come from inside one; `linux/arm64/v8` is `-linux-arm64-v8`
     and `linux/arm64-v8` is refused, never the same tag."""
-    repository, sep, name = tag.rpartition(":")
-    if not sep or "/" in name:
-        repository, name = tag, "latest"
-    result = f"{name}-{platform.tag_suffix}"
+    ref = ImageRef.parse(tag)
+    result = f"{ref.tag_or_latest}-{platform.tag_suffix}"
     if len(result) > TAG_LIMIT:
         raise BadInput(f"the {platform} image's tag {result!r} is longer than a tag may be ({TAG_LIMIT})",
                        hint="choose a shorter --tag")
-    return f"{repository}:{result}"
-
-
-def repository_of(ref: str) -> str:
-    """`host:port/path/name:tag` or `...@sha256:...` -> `host:port/path/name`."""
-    name = ref.split("@", 1)[0]
-    head, _, last = name.rpartition("/")
-    last = last.split(":", 1)[0]
-    return f"{head}/{last}" if head else last
+    return str(ref.with_tag(result))
 
 
 def _dispatch(command: Command, request: Request, single: Single, on_step: StepCallback | None) -> AuditReport:
@@ -119,7 +110,7 @@ def _dispatch(command: Command, request: Request, single: Single, on_step: StepC
 
 def _may_be_index(ref: str) -> bool:
     """Without --platform, only a registry-hosted name the engine does not have is looked up."""
-    if registry_host(ref) is None or "@" in ref:
+    if ImageRef.host_of(ref) is None or ImageRef.parse(ref).digest is not None:
         return False
     try:
         from ..targets.docker import DockerEngine
@@ -133,7 +124,7 @@ def _refuse_bad_index(command: Command, spec: ImageSpec, on_step: StepCallback |
     """Where the single-image flow's engine will pull `spec.ref` from a registry (a digest, or
     --pull always), a malformed index, or one listing a platform twice, is refused first: the
     engine would silently take one of its entries."""
-    if spec.pull == "never" or registry_host(spec.ref) is None:
+    if spec.pull == "never" or ImageRef.host_of(spec.ref) is None:
         return None
     if spec.pull == "missing":
         try:
@@ -151,7 +142,7 @@ def _refuse_bad_index(command: Command, spec: ImageSpec, on_step: StepCallback |
 
 
 def _fetch_index(spec: ImageSpec, run: RunLog) -> ImageIndex | None:
-    host = registry_host(spec.ref)
+    host = ImageRef.host_of(spec.ref)
     if host is None:
         raise BadInput(
             f"--platform selects platforms of an image index in a registry; {spec.ref} names no registry host",
@@ -224,7 +215,7 @@ class _IndexRun:
         return self.finish()
 
     def _refuse_existing_index(self, tag: str) -> None:
-        host = registry_host(tag)
+        host = ImageRef.host_of(tag)
         if host is None:
             raise BadInput(f"--tag {tag} names no registry host to push the index to",
                            hint="write HOST[:PORT]/REPO:TAG")
@@ -243,14 +234,14 @@ class _IndexRun:
         from ..targets.docker.emulation import check_emulation
 
         entry = self.index.entry_for(platform)
-        ref = f"{repository_of(self.spec.ref)}@{entry.digest}"
+        ref = str(ImageRef.parse(self.spec.ref).with_digest(entry.digest))
         emulated = not platform.matches(native)
         sub_run = RunLog.start(self.command, TargetReport(kind="image", ref=ref), self._prefixed(platform))
         try:
             with sub_run.step("pull"):
                 # The manifest the index names is read first: it must be an image manifest of
                 # the size the index says (the engine checks only the digest).
-                host = registry_host(self.spec.ref)
+                host = ImageRef.host_of(self.spec.ref)
                 assert host is not None  # an index was read from it
                 Registry(host).fetch_platform(self.index, platform)
                 # By digest, so the engine gets exactly the manifest the index names, and for the
@@ -299,7 +290,7 @@ class _IndexRun:
         return tagged
 
     def _publish(self, engine: DockerEngine, reports: list[PlatformReport], tags: dict[Platform, str], index_tag: str) -> None:
-        host = registry_host(index_tag)
+        host = ImageRef.host_of(index_tag)
         assert host is not None  # checked before any work by _refuse_existing_index
         registry = Registry(host)
         patched = {}
@@ -309,14 +300,14 @@ class _IndexRun:
             tag = tags[platform]
             with self.run.step(f"push {platform}"):
                 digest = engine.push(tag)
-                manifest = registry.fetch(f"{repository_of(tag)}@{digest}")
+                manifest = registry.fetch(str(ImageRef.parse(tag).with_digest(digest)))
             # The index entry is matched by the source's own platform value, variant included.
             listed = self.index.entry_for(platform).platform
             assert listed is not None  # entry_for only finds entries that name a platform
             patched[listed] = manifest
             image = r.report.result_image
             assert image is not None
-            result = replace(image, repo_digest=f"{repository_of(tag)}@{digest}")
+            result = replace(image, repo_digest=str(ImageRef.parse(tag).with_digest(digest)))
             published.append(replace(r, result_manifest=digest, report=replace(r.report, result_image=result)))
         self.run.update(platforms=tuple(published))
         from ..registry.index import republish
@@ -360,4 +351,4 @@ class _IndexRun:
         return self.run.report(status)
 
 
-__all__ = ["apply", "platform_tag", "probe", "registry_host", "repository_of", "verify"]
+__all__ = ["apply", "platform_tag", "probe", "verify"]

@@ -21,6 +21,7 @@ import docker.types
 import requests.exceptions
 
 from ...errors import BadInput, EngineUnreachable, EnvironmentProblem, TargetNotFound
+from ...imageref import ImageRef
 from . import transfer
 from .naming import NAME_PREFIX, Owner, container_name, keep_requested
 from .signals import terminate_raises
@@ -125,8 +126,8 @@ class DockerEngine:
         return image_id
 
     def tag(self, image_id: str, name: str) -> None:
-        repository, tag = _split_tag(name)
-        self.client.images.get(image_id).tag(repository, tag)
+        ref = ImageRef.parse(name)
+        self.client.images.get(image_id).tag(ref.name, ref.tag_or_latest)
 
     def push(self, tag: str) -> str:
         """Push `tag` to its registry; returns the pushed manifest digest (sha256:...)."""
@@ -286,14 +287,6 @@ def _list_containers(api: Any, name: str) -> list[dict[str, Any]]:
                 raise
             time.sleep(0.05 * (attempt + 1))
     return []
-
-
-def _split_tag(name: str) -> tuple[str, str]:
-    # "host:5000/repo:tag" -> ("host:5000/repo", "tag"); no tag -> "latest".
-    repository, sep, tag = name.rpartition(":")
-    if not sep or "/" in tag:
-        return name, "latest"
-    return repository, tag
 
 
 def reason(exc: BaseException) -> str:
