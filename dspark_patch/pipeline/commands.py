@@ -91,10 +91,10 @@ def _open(spec: TargetSpec, run: RunLog, stack: ExitStack, on_pull: PullCallback
             from ..targets.local import LocalTree
 
             return LocalTree(spec.root, python=spec.python)
-        from ..targets.docker import ImageTarget
+        from ..targets import open_store
 
         # --pull happens here (as `docker run` pulls before it creates); progress goes to on_pull.
-        target = stack.enter_context(ImageTarget(spec.ref, python=spec.python, pull=spec.pull, on_pull=on_pull))
+        target = stack.enter_context(open_store().open_image(spec.ref, python=spec.python, pull=spec.pull, on_pull=on_pull))
         run.update(target=replace(run.draft.target, image=ImageRecord(ref=spec.ref, id=target.info.id or "")))
         return target
 

@@ -103,9 +103,7 @@ class ImageReader:
     def __enter__(self) -> ImageReader:
         info = self._engine.image_info(self._wanted)
         self.image_id, self._config = info.id, info.config
-        attrs = self._engine.client.images.get(info.id).attrs
-        parts = [attrs.get("Os") or "linux", attrs.get("Architecture") or "", attrs.get("Variant") or ""]
-        self.image_platform = "/".join(p for p in parts if p)
+        self.image_platform = info.platform
         try:
             created = self._api.create_container(
                 info.id, entrypoint=NEVER_STARTED, command=[], name=_container_name("status"),
