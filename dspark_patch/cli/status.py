@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 from pathlib import Path
@@ -132,7 +131,7 @@ def _table(fleet: FleetStatus) -> None:
 
 
 def _write(fleet: FleetStatus, report_dir: Path | None, junit: Path | None) -> None:
-    from ..report import render
+    from ..report import render, summary
     from ..report.status_render import to_status_json, to_status_junit, to_status_markdown
 
     if report_dir is not None:
@@ -143,7 +142,4 @@ def _write(fleet: FleetStatus, report_dir: Path | None, junit: Path | None) -> N
     if junit is not None:
         junit.parent.mkdir(parents=True, exist_ok=True)
         render.write_text_atomic(junit, to_status_junit(fleet))
-    summary_file = os.environ.get("GITHUB_STEP_SUMMARY", "").strip()
-    if summary_file:
-        with open(summary_file, "a", encoding="utf-8") as fh:
-            fh.write("\n" + to_status_markdown(fleet))
+    summary.append_markdown_from_env(to_status_markdown(fleet))
