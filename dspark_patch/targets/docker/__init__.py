@@ -4,7 +4,6 @@ One idea a module:
   client.py     DockerEngine: connect, images (inspect, pull, tag, push, remove), path stats,
                 our containers (list, gc), and `started` (an image run with its own entrypoint)
   transfer.py   pull and push with the docker config's login; progress events; registry errors
-  interpreter.py  which python in the image owns vLLM (config + stats, then one choice)
   naming.py     our containers' names and who owns one (the only place that decides either)
   container.py  WorkContainer: one keep-alive container; call, copy_out, copy_into (never committed)
   append.py     the source plus one layer tar, config kept, loaded as a `docker load` archive

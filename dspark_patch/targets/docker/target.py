@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from ...errors import AmbiguousDistribution, BadInput, CheckFailed, DsparkPatchError, TargetNotFound, UnsafePatch
 from ...inside import ISOLATED
 from ...inside import source as inside_source
+from .. import interpreter
 from ..base import (
     HANDSHAKE_PREFIX,
     CommittedImage,
@@ -34,7 +35,7 @@ from ..base import (
     TargetInfo,
 )
 from ..layers import TarStream
-from . import interpreter, result_image
+from . import result_image
 from .client import DockerEngine, ImageInfo
 from .container import NEW_FILE, ExecutableMissing, FileMeta, RunningCall, WorkContainer
 from .reader import ImageReader
