@@ -140,3 +140,30 @@ def test_pipeline_and_status_reach_images_only_through_the_store() -> None:
 def test_the_table_reader_reads_rows_and_empty_cells() -> None:
     table = allowed_table("## Who may import whom\n| unit | may import |\n|---|---|\n| `a` | `b`, `c` |\n| `b` | |\n")
     assert table == {"a": {"b", "c"}, "b": set()}
+
+
+# Scripts that run on their own have their own stdout: inside/ runs in the target (its JSON on
+# stdout is its answer) and references/build.py is the maintainers' command that makes the data.
+OWN_STDOUT = ("dspark_patch.inside", "dspark_patch.references.build")
+
+
+def _prints(path: Path) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        what = ast.unparse(f)
+        if (isinstance(f, ast.Name) and f.id in ("print", "Console")) or what in (
+                "typer.echo", "typer.secho", "sys.stdout.write", "sys.stderr.write", "click.echo") or (
+                isinstance(f, ast.Attribute) and f.attr == "print"):
+            found.append(f"{path.relative_to(ROOT)}:{node.lineno} {what}(...)")
+    return found
+
+
+def test_only_cli_output_prints() -> None:
+    printing = [hit for module, path in sorted(MODULES.items())
+                if module != "dspark_patch.cli.output" and not module.startswith(OWN_STDOUT)
+                for hit in _prints(path)]
+    assert printing == []
+    assert _prints(MODULES["dspark_patch.cli.output"])  # the checker sees print calls where they are
