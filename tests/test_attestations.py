@@ -27,7 +27,7 @@ from tests.support.cli import run
 from tests.support.keys import keyid, make_key
 from tests.support.registry import docker_login, loopback_registry
 
-pytestmark = pytest.mark.docker
+pytestmark = pytest.mark.engine
 
 USER, PASSWORD = "dspark", "s3cret-" + uuid.uuid4().hex[:8]
 

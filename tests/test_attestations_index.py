@@ -18,7 +18,7 @@ from tests.support.index import publish_index, remove_images_from
 from tests.support.keys import keyid, make_key
 from tests.support.registry import docker_login, loopback_registry
 
-pytestmark = pytest.mark.docker
+pytestmark = pytest.mark.engine
 
 USER, PASSWORD = "dspark", "s3cret-" + uuid.uuid4().hex[:8]
 

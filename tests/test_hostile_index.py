@@ -241,7 +241,7 @@ def _engine_names(host: str) -> list[str]:
     return [n for n in listed if n.startswith(host + "/")]
 
 
-@pytest.mark.docker
+@pytest.mark.engine
 @pytest.mark.parametrize("args", [
     ("apply", "--platform", "all", "--tag", "{host}/dup/app:patched", "--push"),
     ("apply", "--tag", "{host}/dup/app:patched"),
@@ -264,7 +264,7 @@ def test_an_index_with_one_platform_twice_is_refused_naming_both_digests(twice, 
         Registry(host).fetch(f"{host}/dup/app:patched-linux-amd64")
 
 
-@pytest.mark.docker
+@pytest.mark.engine
 def test_an_index_digest_with_one_platform_twice_is_refused_too(twice, tmp_path):
     host, _, index_digest, digests = twice
     res = run("verify", "--image", f"{host}/dup/app@{index_digest}", "--report-dir", str(tmp_path / "r"))
@@ -273,7 +273,7 @@ def test_an_index_digest_with_one_platform_twice_is_refused_too(twice, tmp_path)
     assert _engine_names(host) == []
 
 
-@pytest.mark.docker
+@pytest.mark.engine
 @pytest.mark.parametrize("pull", ["missing", "always"])
 def test_status_reports_an_index_with_one_platform_twice_as_an_error_row(twice, pull):
     host, ref, _, digests = twice
@@ -287,7 +287,7 @@ def test_status_reports_an_index_with_one_platform_twice_as_an_error_row(twice, 
     assert _engine_names(host) == []
 
 
-@pytest.mark.docker
+@pytest.mark.engine
 def test_an_index_whose_size_disagrees_with_the_manifest_is_refused_before_the_pull(twice, tmp_path):
     host, _, _, digests = twice
     res = run("verify", "--image", f"{host}/dup/app:wrong-size", "--platform", "linux/amd64",
@@ -326,7 +326,7 @@ def test_malformed_index_json_from_a_registry_is_one_line_exit_2(hostile, tag, t
     assert f"{host}/bad/app:{tag}" in line
 
 
-@pytest.mark.docker
+@pytest.mark.engine
 def test_apply_and_status_refuse_a_malformed_index_and_leave_nothing(hostile, tmp_path):
     host, _ = hostile
     ref = f"{host}/bad/app:no-digest"

@@ -399,7 +399,7 @@ def _status_rows(via: str, refs: Sequence[str]) -> tuple[int, dict[str, dict]]:
     return res.returncode, {row["ref"]: row for row in json.loads(res.stdout)["images"]}
 
 
-@pytest.mark.docker
+@pytest.mark.engine
 def test_hostile_images_made_by_hand_through_the_engine_and_the_cli(trees: dict[str, Path], tmp_path: Path) -> None:
     """Small images whose python never runs, loaded into the real engine: `status` on both routes
     gives no false verdict; `apply` refuses with one line and tags nothing."""
@@ -441,7 +441,7 @@ def test_hostile_images_made_by_hand_through_the_engine_and_the_cli(trees: dict[
 ENGINE_LOADS = ["v7 prefix", "size with leading NUL", "global pax path", "pax path and gnu long name", "star trailer"]
 
 
-@pytest.mark.docker
+@pytest.mark.engine
 def test_differentials_the_engine_loads_are_refused_on_the_layer_route(trees: dict[str, Path]) -> None:
     """dockerd 20.10 loads these five (it refuses non-octal devmajor, sparse, unknown types and a
     lone zero block): the layer route refuses them naming the layer; the container route reads
@@ -470,7 +470,7 @@ def _inspect(ref: str) -> dict:
     return json.loads(subprocess.run(["docker", "image", "inspect", ref], capture_output=True, check=True).stdout)[0]
 
 
-@pytest.mark.docker
+@pytest.mark.engine
 def test_hostile_layers_over_a_really_patched_image_fail_status_and_verify(trees: dict[str, Path], tmp_path: Path) -> None:
     """The real attack: the image `apply` made (its labels kept, so it claims the patch), plus one
     hand-written layer. The engine runs it; `status` must not say `applied` and clean, `verify`

@@ -272,7 +272,7 @@ def _docker(*args: str) -> str:
     return subprocess.run(["docker", *args], check=True, capture_output=True, text=True).stdout
 
 
-@pytest.mark.docker
+@pytest.mark.engine
 def test_a_hostile_image_is_never_clean_and_fails_verify(tmp_path: Path) -> None:
     fixture = images.fixture_image()
     tree = vllm.tree_copy("0.33.0", tmp_path / "tree" / "site-packages")

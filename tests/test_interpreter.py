@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from dspark_patch.errors import BadInput, TargetNotFound
-from dspark_patch.targets.docker import interpreter
-from dspark_patch.targets.docker.interpreter import Interpreter, Located
+from dspark_patch.targets import interpreter
+from dspark_patch.targets.interpreter import Interpreter, Located
 
 FILE, DIR, LINK = 0o755, (1 << 31) | 0o755, (1 << 27) | 0o777
 PATH = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"

@@ -26,7 +26,7 @@ from dspark_patch.targets.docker import CONFIG_FIELDS
 from tests.support.cli import run
 from tests.support.images import fixture_image
 
-pytestmark = pytest.mark.docker
+pytestmark = pytest.mark.engine
 
 # Go's zero time, which the engine's history call reports for an entry without `created`.
 NO_CREATED = -62135596800

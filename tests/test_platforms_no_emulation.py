@@ -10,8 +10,9 @@ is a 132-byte aarch64 program), published as a two-platform index in a loopback 
 
 from __future__ import annotations
 
+import importlib.machinery
+import importlib.util
 import io
-import struct
 import subprocess
 import tarfile
 import uuid
@@ -32,13 +33,13 @@ HANDLER = Path("/proc/sys/fs/binfmt_misc/qemu-aarch64")
 
 
 def _aarch64_exit_42() -> bytes:
-    """A minimal static aarch64 ELF: exit(42) (the same program scripts/ensure-binfmt runs)."""
-    base, code = 0x400000, struct.pack("<3I", 0xD2800540, 0xD2800BA8, 0xD4000001)
-    size = 64 + 56 + len(code)
-    header = b"\x7fELF" + bytes([2, 1, 1, 0]) + bytes(8) + struct.pack(
-        "<HHIQQQIHHHHHH", 2, 0xB7, 1, base + 120, 64, 0, 0, 64, 56, 1, 0, 0, 0)
-    program = struct.pack("<IIQQQQQQ", 1, 5, 0, base, base, size, size, 0x1000)
-    return header + program + code
+    """A minimal static aarch64 ELF: exit(42) (scripts/aarch64-exit-42, which ensure-binfmt runs)."""
+    loader = importlib.machinery.SourceFileLoader("dspark_patch_aarch64_exit_42", str(ROOT / "scripts" / "aarch64-exit-42"))
+    spec = importlib.util.spec_from_loader(loader.name, loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return bytes(module.program())
 
 
 def _tiny(platform: str, where: Path) -> str:

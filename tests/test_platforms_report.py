@@ -12,7 +12,7 @@ import jsonschema
 import pytest
 
 from dspark_patch.errors import BadInput
-from dspark_patch.report.model import AuditReport, ErrorReport, ImageRef, IndexReport, PlatformReport, TargetReport
+from dspark_patch.report.model import AuditReport, ErrorReport, ImageRecord, IndexReport, PlatformReport, TargetReport
 from dspark_patch.report.render import from_json_dict, load_schema, render_as, to_json, to_junit, to_markdown
 from tests.test_report_render import applied_report, sha
 
@@ -26,7 +26,7 @@ def _platform(name: str, *, ok: bool = True) -> PlatformReport:
     manifest = "sha256:" + sha(f"patched {name}")
     report = applied_report()
     report = replace(report, target=replace(report.target, ref=f"{REPO}@sha256:{sha('source ' + name)}"),
-                     result_image=ImageRef(ref=f"{REPO}:0.33.0-dspark-{name.replace('/', '-')}",
+                     result_image=ImageRecord(ref=f"{REPO}:0.33.0-dspark-{name.replace('/', '-')}",
                                            id="sha256:" + sha(f"config {name}"), repo_digest=f"{REPO}@{manifest}"))
     if not ok:
         report = replace(report, status="failed", exit_code=1, result_image=None, errors=(ErrorReport(

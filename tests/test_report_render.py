@@ -22,7 +22,7 @@ from dspark_patch.report.model import (
     ErrorReport,
     FileReport,
     HunkReport,
-    ImageRef,
+    ImageRecord,
     IntegrityReport,
     LayerChange,
     LayerReport,
@@ -87,7 +87,7 @@ def target() -> TargetReport:
         python="/opt/venv/bin/python3",
         python_version="3.11.2",
         distribution=DistributionInfo(name="vllm", version="0.33.0", location=SITE),
-        image=ImageRef(ref="vllm-serving:0.33.0", id=SOURCE_ID),
+        image=ImageRecord(ref="vllm-serving:0.33.0", id=SOURCE_ID),
     )
 
 
@@ -110,7 +110,7 @@ def applied_report() -> AuditReport:
         tool_version="0.1.0",
         started_at="2025-11-29T14:20:00Z",
         target=target(),
-        result_image=ImageRef(
+        result_image=ImageRecord(
             ref="registry.local:5000/vllm-serving:0.33.0-dspark",
             id=RESULT_ID,
             repo_digest=f"registry.local:5000/vllm-serving@sha256:{RESULT_MANIFEST}",

@@ -93,6 +93,20 @@ def test_status_of_a_clean_tree_exits_0_and_writes_markdown_and_junit(tmp_path: 
     assert json.loads((tmp_path / "out" / "status.json").read_text())["images"][0]["patch_sets"][PATCH_ID] == "applied"
 
 
+def test_status_appends_its_step_summary_as_its_own_block_and_an_unwritable_one_is_exit_3(tmp_path: Path) -> None:
+    tree = patched_tree(tmp_path / "t" / "site-packages")
+    summary = tmp_path / "summary.md"
+    summary.write_text("earlier step")  # another step's last line, without its newline
+    res = run("status", "--root", str(tree), env={"GITHUB_STEP_SUMMARY": str(summary)})
+    assert res.returncode == 0, res.stderr
+    text = summary.read_text()
+    assert text.startswith("earlier step\n\n") and "| ✅ |" in text
+    # A summary that cannot be written is the environment's problem: one line, exit 3.
+    res = run("status", "--root", str(tree), env={"GITHUB_STEP_SUMMARY": str(tmp_path)})
+    assert res.returncode == 3 and "Traceback" not in res.stderr
+    assert "cannot append the step summary" in res.stderr and "GITHUB_STEP_SUMMARY" in res.stderr
+
+
 def test_verify_fails_on_an_added_module_and_an_unlisted_pth(tmp_path: Path) -> None:
     tree = patched_tree(tmp_path / "t" / "site-packages")
     assert run("verify", "--root", str(tree), "--python", PY, "--no-probe", "--report-dir", str(tmp_path / "ok")).returncode == 0

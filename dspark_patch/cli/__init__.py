@@ -15,6 +15,7 @@ from .. import __version__
 from ..errors import DsparkPatchError
 from . import apply as apply_cmd
 from . import evaluate as evaluate_cmd
+from . import output
 from . import patches as patches_cmd
 from . import port as port_cmd
 from . import report as report_cmd
@@ -37,7 +38,7 @@ app = typer.Typer(
 
 def _print_version(value: bool) -> None:
     if value:
-        print(f"dspark-patch {__version__}")
+        output.line(f"dspark-patch {__version__}")
         raise typer.Exit(0)
 
 
@@ -61,5 +62,5 @@ def main() -> None:
         error_line(exc)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
-        print("dspark-patch: interrupted; nothing was committed", file=sys.stderr)
+        output.line("dspark-patch: interrupted; nothing was committed", err=True)
         sys.exit(130)

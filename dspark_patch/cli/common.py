@@ -36,15 +36,10 @@ def platform_request(platform: str | None) -> str | None:
     platform is checked against the index itself (registry/platform_select.py `select`)."""
     if platform is None:
         return None
-    value = platform.strip()
-    if value == "all":
-        return value
-    from ..registry.platform_select import Platform
+    from ..registry.platform_select import parse_request
 
-    items = [item for item in value.split(",") if item.strip()]
-    if not items:
-        raise BadInput("--platform is empty", hint="write linux/amd64, a comma list, or all")
-    return ",".join(str(Platform.parse(item)) for item in items)
+    wanted = parse_request(platform)
+    return "all" if wanted is None else ",".join(map(str, wanted))
 
 
 def target_spec(root: Path | None, image: str | None, python: str | None, *, pull: str = "missing",

@@ -7,12 +7,10 @@ verdict raises `EvaluationFailed` (exit 1) after the result is shown.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from ..errors import BadInput, EvaluationFailed
@@ -22,8 +20,7 @@ from ..evaluate.kvlog import FLAG, read_server_log
 from ..evaluate.model import EvaluationResult, KvComparison, OmissionEstimate
 from ..evaluate.runs import evaluate_image, parse_env_items
 from ..serialise import dumps
-
-console = Console()
+from . import output
 
 _JSON = typer.Option(False, "--json", help="Print only the JSON document on stdout.")
 _TOLERANCE = typer.Option(
@@ -38,7 +35,7 @@ _EXPECT_MIB = typer.Option(
 
 
 def _print_json(result: Any) -> None:
-    sys.stdout.write(dumps(result))
+    output.write(dumps(result))
 
 
 def estimate(
@@ -147,12 +144,12 @@ def register(app: typer.Typer) -> None:
 
 # --- rendering for people ------------------------------------------------------------------
 def _show_estimate(result: OmissionEstimate) -> None:
-    console.print(
+    output.show_rich(
         f"_mtp_hidden_buffer: {result.tokens:,} x ({result.hc_mult} x {result.hidden:,}) "
         f"{result.dtype} = [bold]{result.bytes:,} bytes[/bold] ({result.mib:,.2f} MiB) per GPU"
     )
     if result.refund_tokens is not None:
-        console.print(
+        output.show_rich(
             f"expected refund: {result.refund_tokens:,} tokens at {result.kv_bytes_per_token:,} KV bytes/token"
         )
 
@@ -171,40 +168,40 @@ def _show_comparison(result: KvComparison, *, verdict: bool = True) -> None:
             _fmt(r.omitted_mib_on, ".2f"), _fmt(r.expected_delta_gib, ".4f"),
             "[green]yes[/green]" if r.ok else "[red]no[/red]",
         )
-    console.print(table)
-    console.print(
+    output.show_rich(table)
+    output.show_rich(
         f"tokens: {_fmt(result.tokens_off, ',')} -> {_fmt(result.tokens_on, ',')} "
         f"({_fmt(result.delta_tokens, '+,')}, {_fmt(result.delta_pct, '+.2f')}%); "
         f"expected about {_fmt(result.expected_delta_tokens, '+,')}"
     )
-    console.print(
+    output.show_rich(
         f"{FLAG} omission on: off run {list(result.omission_ranks_off) or 'none'}, "
         f"on run {list(result.omission_ranks_on) or 'none'}"
     )
     if verdict:
         for note in result.notes:
-            console.print(f"[yellow]note[/yellow]: {note}")
+            output.show_rich(f"[yellow]note[/yellow]: {note}")
         _show_verdict(result.verdict, result.reasons)
 
 
 def _show_evaluation(result: EvaluationResult) -> None:
-    console.print(f"image {result.image_ref} ({result.image_id}), GPUs {'all' if result.gpus else 'none'}")
+    output.show_rich(f"image {result.image_ref} ({result.image_id}), GPUs {'all' if result.gpus else 'none'}")
     for run in result.runs:
-        console.print(
+        output.show_rich(
             f"  flag {run.flag} ({FLAG}={run.flag_value}): container {run.container_id[:12]}, "
             f"ready={run.ready}, exit={_fmt(run.exit_code)}, log {run.log_file}"
         )
     _show_comparison(result.comparison, verdict=False)
     for note in result.notes:
-        console.print(f"[yellow]note[/yellow]: {note}")
+        output.show_rich(f"[yellow]note[/yellow]: {note}")
     _show_verdict(result.verdict, result.reasons)
-    console.print(f"report: {result.report_file}")
+    output.show_rich(f"report: {result.report_file}")
 
 
 def _show_verdict(verdict: str, reasons: tuple[str, ...] | list[str]) -> None:
     if verdict == "pass":
-        console.print("[bold green]PASS[/bold green]")
+        output.show_rich("[bold green]PASS[/bold green]")
         return
-    console.print("[bold red]FAIL[/bold red]")
+    output.show_rich("[bold red]FAIL[/bold red]")
     for reason in reasons:
-        console.print(f"  - {reason}")
+        output.show_rich(f"  - {reason}")

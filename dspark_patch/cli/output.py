@@ -6,6 +6,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TaskID, TextColumn
@@ -18,6 +19,46 @@ from ..targets.base import PullCallback, PullProgress
 # Progress and summaries go to stderr so that stdout stays clean for --json.
 _err = Console(stderr=True, highlight=False, soft_wrap=True)
 _out = Console(highlight=False, soft_wrap=True)
+# status's table: not on a terminal (a CI log, a file), wide enough that image refs are not
+# folded into slivers.
+_wide = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)
+# evaluate's summaries, with rich's own defaults.
+_rich = Console()
+
+
+# --- what the commands' own renderers print through (this module is the only one that prints) ---
+def show(*things: Any, markup: bool = True) -> None:
+    """Rich text or renderables on stdout."""
+    _out.print(*things, markup=markup)
+
+
+def show_wide(*things: Any, markup: bool = True) -> None:
+    """Rich text or renderables on stdout, 200 columns wide off a terminal (status)."""
+    _wide.print(*things, markup=markup)
+
+
+def show_rich(*things: Any) -> None:
+    """Rich text or renderables on stdout with rich's default console (evaluate)."""
+    _rich.print(*things)
+
+
+def show_err(*things: Any, markup: bool = True) -> None:
+    """Rich text on stderr (progress)."""
+    _err.print(*things, markup=markup)
+
+
+def stderr_is_terminal() -> bool:
+    return bool(_err.is_terminal)
+
+
+def line(text: str, *, err: bool = False, flush: bool = False) -> None:
+    """One plain line, no markup (stdout, or stderr with `err`)."""
+    print(text, file=sys.stderr if err else sys.stdout, flush=flush)
+
+
+def write(text: str) -> None:
+    """Text on stdout exactly as given (a JSON document)."""
+    sys.stdout.write(text)
 
 
 def error_line(exc: DsparkPatchError) -> None:

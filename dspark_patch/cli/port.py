@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -52,18 +51,17 @@ def port(
 
 
 def _render(report: PortReport) -> None:
-    out = sys.stdout
-    print(f"port {report.patch or '?'} {report.source_variant or '?'} -> {report.release}: {report.status} "
-          f"(work folder {report.work})", file=out)
+    output.line(f"port {report.patch or '?'} {report.source_variant or '?'} -> {report.release}: {report.status} "
+                f"(work folder {report.work})")
     for f in report.files:
         where = ", ".join(f"hunk #{i} offset {o:+d}" for i, o in enumerate(f.offsets, 1))
-        print(f"  {f.path}: {f.status}{' (' + where + ')' if where else ''}", file=out)
+        output.line(f"  {f.path}: {f.status}{' (' + where + ')' if where else ''}")
         for line in f.conflicts:
-            print(f"  conflict: {line}", file=out)
+            output.line(f"  conflict: {line}")
     for e in report.unguarded:
-        print(f"  unguarded reader: {reader_line(e)}: {e.verdict}", file=out)
+        output.line(f"  unguarded reader: {reader_line(e)}: {e.verdict}")
     if report.probe is not None and report.probe.ran:
-        print(f"  probe: {'passed' if report.probe.ok else 'FAILED: ' + report.probe.detail}", file=out)
+        output.line(f"  probe: {'passed' if report.probe.ok else 'FAILED: ' + report.probe.detail}")
     if report.variant:
-        print(f"  wrote variant {report.variant} (review = \"unreviewed\"): {report.diff_path}", file=out)
-        print(f"  review file: {report.review_path}", file=out)
+        output.line(f"  wrote variant {report.variant} (review = \"unreviewed\"): {report.diff_path}")
+        output.line(f"  review file: {report.review_path}")

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import sys
 import threading
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from ..errors import BadInput
@@ -18,10 +15,6 @@ from ..status.fleet import StatusRequest, read_refs_file
 from ..status.fleet import status as run_status
 from ..status.shard import parse_shard
 from . import common, output
-
-_err = Console(stderr=True, highlight=False, soft_wrap=True)
-# Not a terminal (a CI log, a file): wide enough that image refs are not folded into slivers.
-_out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)
 
 _STATE_STYLE = {"applied": "green", "absent": "dim", "partial": "red", "drifted": "red", "not-applicable": "dim"}
 
@@ -80,13 +73,13 @@ def _progress(enabled: bool):
     if not enabled:
         return None
     lock = threading.Lock()
-    terminal = _err.is_terminal
+    terminal = output.stderr_is_terminal()
 
     def show(ref: str, event: str, row: ImageStatus | None) -> None:
         with lock:
             if event == "start":
                 if not terminal:
-                    print(f"status: reading {ref}", file=sys.stderr, flush=True)
+                    output.line(f"status: reading {ref}", err=True, flush=True)
                 return
             assert row is not None
             from ..report.status_render import verdict
@@ -94,9 +87,9 @@ def _progress(enabled: bool):
             word = verdict(row)
             if terminal:
                 colour = {"clean": "green", "changed": "red", "not read": "yellow"}[word]
-                _err.print(f"[{colour}]{word:>8}[/] {ref}")
+                output.show_err(f"[{colour}]{word:>8}[/] {ref}")
             else:
-                print(f"status: {ref}: {word}", file=sys.stderr, flush=True)
+                output.line(f"status: {ref}: {word}", err=True, flush=True)
 
     return show
 
@@ -119,23 +112,23 @@ def _table(fleet: FleetStatus) -> None:
             *(f"[red]{len(x)}[/]" if x else "0" for x in (image.unexplained, image.missing, image.added)),
             *([", ".join(f"{pid}: {s}" for pid, s in image.attested) or "–"] if keyed else []),
         )
-    _out.print(table)
+    output.show_wide(table)
     for image in fleet.images:
         if image.error:
-            _out.print(f"{image.ref}: not read: {image.error}", markup=False)
+            output.show_wide(f"{image.ref}: not read: {image.error}", markup=False)
         for label, paths in (("unexplained", image.unexplained), ("missing", image.missing), ("added", image.added),
                              ("vLLM no interpreter imports (not read)", image.unimported),
                              ("RECORD disagrees with the wheel", image.record_disagrees), ("bytecode", image.bytecode)):
             for path in paths:
-                _out.print(f"{image.ref}: {label}: {path}", markup=False)
+                output.show_wide(f"{image.ref}: {label}: {path}", markup=False)
         for line in image.unverified:
-            _out.print(f"{image.ref}: {line}", markup=False)
+            output.show_wide(f"{image.ref}: {line}", markup=False)
         for detail in image.attested_detail:
-            _out.print(f"{image.ref}: attestation: {detail}", markup=False)
+            output.show_wide(f"{image.ref}: attestation: {detail}", markup=False)
 
 
 def _write(fleet: FleetStatus, report_dir: Path | None, junit: Path | None) -> None:
-    from ..report import render
+    from ..report import render, summary
     from ..report.status_render import to_status_json, to_status_junit, to_status_markdown
 
     if report_dir is not None:
@@ -146,7 +139,4 @@ def _write(fleet: FleetStatus, report_dir: Path | None, junit: Path | None) -> N
     if junit is not None:
         junit.parent.mkdir(parents=True, exist_ok=True)
         render.write_text_atomic(junit, to_status_junit(fleet))
-    summary_file = os.environ.get("GITHUB_STEP_SUMMARY", "").strip()
-    if summary_file:
-        with open(summary_file, "a", encoding="utf-8") as fh:
-            fh.write("\n" + to_status_markdown(fleet))
+    summary.append_markdown_from_env(to_status_markdown(fleet))

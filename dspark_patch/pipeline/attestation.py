@@ -16,6 +16,7 @@ from pathlib import Path
 from ..attest.check import Subject, check
 from ..attest.dsse import AttestationInvalid, Signer, envelope, load_verifier
 from ..errors import BadInput, DsparkPatchError
+from ..imageref import ImageRef
 from ..patchset import resolve
 from ..registry import referrers
 from ..registry.index import Registry, parse_index
@@ -23,7 +24,6 @@ from ..registry.platform_select import Platform, select
 from ..report.intoto import PREDICATE_TYPE, subjects, to_intoto
 from ..report.model import AttestationReport, AuditReport, StepReport, TargetReport
 from .image_steps import LABEL_PREFIX
-from .index_run import registry_host, repository_of
 from .runlog import RunLog, StepCallback
 
 
@@ -36,7 +36,7 @@ class AttestationRequest:
 
 
 def _host(ref: str, what: str) -> str:
-    host = registry_host(ref)
+    host = ImageRef.host_of(ref)
     if host is None:
         raise BadInput(f"{what} works on images in a registry; {ref} names no registry host",
                        hint="name the image with its registry, e.g. registry.example:5000/vllm/vllm-openai:TAG")
@@ -68,7 +68,7 @@ def sign_and_attach(report: AuditReport, signer: Signer, on_step: StepCallback |
     step("sign", start)
     annotations = _annotations(report)
     for name, digest in pushed:
-        repository = repository_of(name)
+        repository = ImageRef.parse(name).name
         start = time.monotonic()
         try:
             registry = Registry(_host(repository, "--sign-key"))
@@ -120,7 +120,7 @@ def verify_attestation(request: AttestationRequest, *, on_step: StepCallback | N
         with run.step("load key"):
             verifier = load_verifier(Path(request.key))
             patchset = resolve(request.patch)
-        repository = repository_of(request.ref)
+        repository = ImageRef.parse(request.ref).name
         with run.step("resolve"):
             registry = Registry(_host(request.ref, "verify --attestation"))
             manifest = registry.fetch(request.ref)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from ..errors import BadInput, DsparkPatchError, ProbeFailed, UnreviewedVariant, VerifyMismatch
 from ..patching.plan import plan_patch
 from ..patchset import resolve
-from ..report.model import AuditReport, FileReport, ImageRef
+from ..report.model import AuditReport, FileReport, ImageRecord
 from ..targets.base import ImageCapable, PullCallback, Target
 from .image_steps import check_labels, commit_image, take_layer
 from .requests import ApplyRequest, ImageSpec, LocalSpec, ProbeRequest, TargetSpec, VerifyRequest
@@ -91,11 +91,11 @@ def _open(spec: TargetSpec, run: RunLog, stack: ExitStack, on_pull: PullCallback
             from ..targets.local import LocalTree
 
             return LocalTree(spec.root, python=spec.python)
-        from ..targets.docker import ImageTarget
+        from ..targets import open_store
 
         # --pull happens here (as `docker run` pulls before it creates); progress goes to on_pull.
-        target = stack.enter_context(ImageTarget(spec.ref, python=spec.python, pull=spec.pull, on_pull=on_pull))
-        run.update(target=replace(run.draft.target, image=ImageRef(ref=spec.ref, id=target.info.id or "")))
+        target = stack.enter_context(open_store().open_image(spec.ref, python=spec.python, pull=spec.pull, on_pull=on_pull))
+        run.update(target=replace(run.draft.target, image=ImageRecord(ref=spec.ref, id=target.info.id or "")))
         return target
 
 
@@ -154,7 +154,7 @@ def _apply(request: ApplyRequest, target: Target, run: RunLog) -> AuditReport:
             # image that already carries the patch, so a following verify/push finds it.
             with run.step("tag"):
                 tagged = image.target.tag_source(image.spec.tag, force=image.spec.force)
-            run.update(result_image=ImageRef(ref=tagged.ref, id=tagged.id))
+            run.update(result_image=ImageRecord(ref=tagged.ref, id=tagged.id))
             run.notes.append(f"tagged the source image as {tagged.ref}; no new layer")
         return run.report("already-applied")
     if request.dry_run:

@@ -10,9 +10,10 @@ from dataclasses import replace
 
 from .. import __version__
 from ..errors import LayerMismatch
+from ..imageref import ImageRef
 from ..patching.plan import FilePlan, PatchPlan
 from ..patchset import PatchSet, Variant
-from ..report.model import ImageRef, LayerChange, LayerReport
+from ..report.model import ImageRecord, LayerChange, LayerReport
 from ..targets.base import Distribution, ImageCapable, LayerEntry
 from .requests import ImageSpec
 from .runlog import RunLog
@@ -70,7 +71,7 @@ def commit_image(spec: ImageSpec, target: ImageCapable, plan: PatchPlan, patchse
     run.update(labels=dict(sorted(labels.items())))
     with run.step("commit"):
         committed = target.commit(labels=labels, tag=spec.tag, force=spec.force)
-    run.update(result_image=ImageRef(ref=committed.ref, id=committed.id))
+    run.update(result_image=ImageRecord(ref=committed.ref, id=committed.id))
     if spec.push and spec.tag:
         try:
             with run.step("push"):
@@ -78,8 +79,8 @@ def commit_image(spec: ImageSpec, target: ImageCapable, plan: PatchPlan, patchse
         except BaseException:
             run.update(result_image=None)  # the target removed the tag again: there is no result
             raise
-        repository = spec.tag.rsplit(":", 1)[0] if ":" in spec.tag.rsplit("/", 1)[-1] else spec.tag
-        run.update(result_image=ImageRef(ref=committed.ref, id=committed.id, repo_digest=f"{repository}@{digest}"))
+        repository = ImageRef.parse(spec.tag).name
+        run.update(result_image=ImageRecord(ref=committed.ref, id=committed.id, repo_digest=f"{repository}@{digest}"))
         run.notes.append(f"pushed {spec.tag} as {repository}@{digest}")
 
 

@@ -16,19 +16,18 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 from ..errors import BadInput, DsparkPatchError, TagExists, TargetNotFound
-from ..registry.index import BadManifest, ImageIndex, Registry, check_before_pull, registry_host
+from ..imageref import ImageRef
+from ..registry.index import BadManifest, ImageIndex, Registry, check_before_pull
 from ..registry.platform_select import Platform, select
-from ..report.model import AuditReport, Command, ErrorReport, ImageRef, IndexReport, PlatformReport, Status, TargetReport
-from ..targets.base import PullCallback
+from ..report.model import AuditReport, Command, ErrorReport, ImageRecord, IndexReport, PlatformReport, Status, TargetReport
+from ..targets import open_store
+from ..targets.base import ImageStore, PullCallback
 from . import commands
 from .requests import ApplyRequest, ImageSpec, ProbeRequest, VerifyRequest
 from .runlog import RunLog, StepCallback
-
-if TYPE_CHECKING:
-    from ..targets.docker import DockerEngine
 
 Request = TypeVar("Request", ApplyRequest, VerifyRequest, ProbeRequest)
 Single = Callable[..., AuditReport]
@@ -73,22 +72,12 @@ def platform_tag(tag: str, platform: Platform) -> str:
     Injective: platform parts are `[a-z0-9]+` (refused otherwise, `Platform.tag_suffix`), so
     the `-` between them cannot come from inside one; `linux/arm64/v8` is `-linux-arm64-v8`
     and `linux/arm64-v8` is refused, never the same tag."""
-    repository, sep, name = tag.rpartition(":")
-    if not sep or "/" in name:
-        repository, name = tag, "latest"
-    result = f"{name}-{platform.tag_suffix}"
+    ref = ImageRef.parse(tag)
+    result = f"{ref.tag_or_latest}-{platform.tag_suffix}"
     if len(result) > TAG_LIMIT:
         raise BadInput(f"the {platform} image's tag {result!r} is longer than a tag may be ({TAG_LIMIT})",
                        hint="choose a shorter --tag")
-    return f"{repository}:{result}"
-
-
-def repository_of(ref: str) -> str:
-    """`host:port/path/name:tag` or `...@sha256:...` -> `host:port/path/name`."""
-    name = ref.split("@", 1)[0]
-    head, _, last = name.rpartition("/")
-    last = last.split(":", 1)[0]
-    return f"{head}/{last}" if head else last
+    return str(ref.with_tag(result))
 
 
 def _dispatch(command: Command, request: Request, single: Single, on_step: StepCallback | None) -> AuditReport:
@@ -119,12 +108,10 @@ def _dispatch(command: Command, request: Request, single: Single, on_step: StepC
 
 def _may_be_index(ref: str) -> bool:
     """Without --platform, only a registry-hosted name the engine does not have is looked up."""
-    if registry_host(ref) is None or "@" in ref:
+    if ImageRef.host_of(ref) is None or ImageRef.parse(ref).digest is not None:
         return False
     try:
-        from ..targets.docker import DockerEngine
-
-        return not DockerEngine().tag_exists(ref)
+        return not open_store().tag_exists(ref)
     except DsparkPatchError:
         return False  # no engine: the image flow reports that
 
@@ -133,13 +120,11 @@ def _refuse_bad_index(command: Command, spec: ImageSpec, on_step: StepCallback |
     """Where the single-image flow's engine will pull `spec.ref` from a registry (a digest, or
     --pull always), a malformed index, or one listing a platform twice, is refused first: the
     engine would silently take one of its entries."""
-    if spec.pull == "never" or registry_host(spec.ref) is None:
+    if spec.pull == "never" or ImageRef.host_of(spec.ref) is None:
         return None
     if spec.pull == "missing":
         try:
-            from ..targets.docker import DockerEngine
-
-            if DockerEngine().tag_exists(spec.ref):
+            if open_store().tag_exists(spec.ref):
                 return None
         except DsparkPatchError:
             return None  # no engine: the image flow reports that
@@ -151,7 +136,7 @@ def _refuse_bad_index(command: Command, spec: ImageSpec, on_step: StepCallback |
 
 
 def _fetch_index(spec: ImageSpec, run: RunLog) -> ImageIndex | None:
-    host = registry_host(spec.ref)
+    host = ImageRef.host_of(spec.ref)
     if host is None:
         raise BadInput(
             f"--platform selects platforms of an image index in a registry; {spec.ref} names no registry host",
@@ -177,15 +162,11 @@ class _IndexRun:
     run: RunLog
 
     def execute(self) -> AuditReport:
-        from ..targets.docker import DockerEngine
-        from ..targets.docker.emulation import engine_platform
-        from ..targets.docker.result_image import refuse_existing_tag
-
         run, spec, index = self.run, self.spec, self.index
         run.update(index=IndexReport(ref=spec.ref, media_type=index.manifest.media_type,
                                      digest=index.manifest.digest, platforms=tuple(map(str, index.platforms))))
-        engine = DockerEngine()
-        os_, arch, variant = engine_platform(engine)
+        store = open_store()
+        os_, arch, variant = store.platform()
         native = Platform(os=os_, architecture=arch, variant=variant)
         chosen = select(index.platforms, spec.platform, native)
         others = [str(p) for p in index.platforms if p not in chosen]
@@ -203,28 +184,28 @@ class _IndexRun:
         if len(set(tags.values())) != len(tags):  # cannot happen with plain platform parts; never tag twice
             raise BadInput(f"two platforms of {spec.ref} would get the same tag: {sorted(tags.values())}")
         for tag in tags.values():
-            refuse_existing_tag(engine, tag, force=spec.force)
+            store.refuse_existing_tag(tag, force=spec.force)
         if tags and spec.push and spec.tag:
             self._refuse_existing_index(spec.tag)
 
-        reports = [self._one(engine, p, native) for p in chosen]
+        reports = [self._one(store, p, native) for p in chosen]
         run.update(platforms=tuple(reports))
         failed = [r for r in reports if not r.report.ok]
         if failed:
             if writes:
-                run.update(platforms=tuple(self._discard(engine, reports)))
+                run.update(platforms=tuple(self._discard(store, reports)))
             return self.finish(failed=failed)
         if tags:
-            reports = self._tag(engine, reports, tags)
+            reports = self._tag(store, reports, tags)
             run.update(platforms=tuple(reports))
         if tags and spec.push and spec.tag:
-            self._publish(engine, reports, tags, spec.tag)
+            self._publish(store, reports, tags, spec.tag)
         elif tags:
             run.notes.append("each platform image is tagged on the engine; --push publishes them and the index")
         return self.finish()
 
     def _refuse_existing_index(self, tag: str) -> None:
-        host = registry_host(tag)
+        host = ImageRef.host_of(tag)
         if host is None:
             raise BadInput(f"--tag {tag} names no registry host to push the index to",
                            hint="write HOST[:PORT]/REPO:TAG")
@@ -239,26 +220,24 @@ class _IndexRun:
     def _done(self) -> str:
         return {"apply": "patched", "verify": "verified", "probe": "probed"}[self.command]
 
-    def _one(self, engine: DockerEngine, platform: Platform, native: Platform) -> PlatformReport:
-        from ..targets.docker.emulation import check_emulation
-
+    def _one(self, store: ImageStore, platform: Platform, native: Platform) -> PlatformReport:
         entry = self.index.entry_for(platform)
-        ref = f"{repository_of(self.spec.ref)}@{entry.digest}"
+        ref = str(ImageRef.parse(self.spec.ref).with_digest(entry.digest))
         emulated = not platform.matches(native)
         sub_run = RunLog.start(self.command, TargetReport(kind="image", ref=ref), self._prefixed(platform))
         try:
             with sub_run.step("pull"):
                 # The manifest the index names is read first: it must be an image manifest of
                 # the size the index says (the engine checks only the digest).
-                host = registry_host(self.spec.ref)
+                host = ImageRef.host_of(self.spec.ref)
                 assert host is not None  # an index was read from it
                 Registry(host).fetch_platform(self.index, platform)
                 # By digest, so the engine gets exactly the manifest the index names, and for the
                 # platform, so it does not refuse an image of another architecture.
-                engine.ensure_image(ref, pull="missing", platform=str(platform))
+                store.ensure_image(ref, pull="missing", platform=str(platform))
             if emulated:
                 with sub_run.step("emulation"):
-                    check_emulation(engine, engine.image_info(ref).id, str(platform))
+                    store.check_emulation(store.image_info(ref).id, str(platform))
         except DsparkPatchError as exc:
             report = sub_run.report("failed", exc)
         else:
@@ -274,32 +253,32 @@ class _IndexRun:
             return None
         return lambda step: outer(replace(step, name=f"{platform} {step.name}"))
 
-    def _discard(self, engine: DockerEngine, reports: list[PlatformReport]) -> list[PlatformReport]:
+    def _discard(self, store: ImageStore, reports: list[PlatformReport]) -> list[PlatformReport]:
         """A run that failed on one platform leaves no new image from the others (they were
         committed untagged, so nothing else refers to them)."""
         kept = []
         for r in reports:
             image = r.report.result_image
             if r.report.status == "applied" and image is not None:
-                engine.remove_image(image.id)
+                store.remove_image(image.id)
                 note = f"removed the committed image {image.id[:19]}: another platform failed"
                 r = replace(r, report=replace(r.report, result_image=None, notes=(*r.report.notes, note)))
             kept.append(r)
         return kept
 
-    def _tag(self, engine: DockerEngine, reports: list[PlatformReport], tags: dict[Platform, str]) -> list[PlatformReport]:
+    def _tag(self, store: ImageStore, reports: list[PlatformReport], tags: dict[Platform, str]) -> list[PlatformReport]:
         tagged = []
         with self.run.step("tag"):
             for r in reports:
                 image = r.report.result_image or r.report.target.image
                 assert image is not None  # an applied or already-applied image run names its result
                 tag = tags[Platform.parse(r.platform)]
-                engine.tag(image.id, tag)
-                tagged.append(replace(r, report=replace(r.report, result_image=ImageRef(ref=tag, id=image.id))))
+                store.tag(image.id, tag)
+                tagged.append(replace(r, report=replace(r.report, result_image=ImageRecord(ref=tag, id=image.id))))
         return tagged
 
-    def _publish(self, engine: DockerEngine, reports: list[PlatformReport], tags: dict[Platform, str], index_tag: str) -> None:
-        host = registry_host(index_tag)
+    def _publish(self, store: ImageStore, reports: list[PlatformReport], tags: dict[Platform, str], index_tag: str) -> None:
+        host = ImageRef.host_of(index_tag)
         assert host is not None  # checked before any work by _refuse_existing_index
         registry = Registry(host)
         patched = {}
@@ -308,15 +287,15 @@ class _IndexRun:
             platform = Platform.parse(r.platform)
             tag = tags[platform]
             with self.run.step(f"push {platform}"):
-                digest = engine.push(tag)
-                manifest = registry.fetch(f"{repository_of(tag)}@{digest}")
+                digest = store.push(tag)
+                manifest = registry.fetch(str(ImageRef.parse(tag).with_digest(digest)))
             # The index entry is matched by the source's own platform value, variant included.
             listed = self.index.entry_for(platform).platform
             assert listed is not None  # entry_for only finds entries that name a platform
             patched[listed] = manifest
             image = r.report.result_image
             assert image is not None
-            result = replace(image, repo_digest=f"{repository_of(tag)}@{digest}")
+            result = replace(image, repo_digest=str(ImageRef.parse(tag).with_digest(digest)))
             published.append(replace(r, result_manifest=digest, report=replace(r.report, result_image=result)))
         self.run.update(platforms=tuple(published))
         from ..registry.index import republish
@@ -360,4 +339,4 @@ class _IndexRun:
         return self.run.report(status)
 
 
-__all__ = ["apply", "platform_tag", "probe", "registry_host", "repository_of", "verify"]
+__all__ = ["apply", "platform_tag", "probe", "verify"]

@@ -127,10 +127,10 @@ class _Flow:
             return LocalTree(tree_from_wheel(Path(r.wheel), self.work.tree), python=r.python)
         if r.root is not None:
             return LocalTree(tree_from_root(Path(r.root), self.work.tree, package=patchset.distribution), python=r.python)
-        from ..targets.docker import ImageTarget
+        from ..targets import open_store
 
         assert r.image is not None
-        return stack.enter_context(ImageTarget(r.image, python=r.python, pull=r.pull))
+        return stack.enter_context(open_store().open_image(r.image, python=r.python, pull=r.pull))
 
     def _refuse_unguarded(self, target: Target, dist: Distribution, patchset: PatchSet) -> None:
         assert patchset.probe is not None

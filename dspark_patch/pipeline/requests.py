@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
-PullPolicy = Literal["never", "missing", "always"]   # as `docker run --pull`
+from ..targets.base import PullPolicy
 
 
 @dataclass(frozen=True, kw_only=True)

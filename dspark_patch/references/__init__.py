@@ -39,6 +39,8 @@ from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 
+from ..distname import filename_name
+
 INSTALLER_FILES = frozenset({"INSTALLER", "REQUESTED", "direct_url.json", "RECORD"})
 # .pth files known by content: setuptools writes this one (its import line only adds a
 # distutils shim); the same bytes in every setuptools release since 49.
@@ -64,8 +66,6 @@ class Reference:
         return next(f for f in sorted(self.folders) if f.endswith(".dist-info"))
 
 
-def _normalize(name: str) -> str:
-    return re.sub(r"[-_.]+", "_", name).lower()
 
 
 @cache
@@ -76,7 +76,7 @@ def _load(name: str) -> Reference:
 
 
 def shipped(distribution: str, release: str) -> list[str]:
-    prefix = f"{_normalize(distribution)}-{release}-"
+    prefix = f"{filename_name(distribution)}-{release}-"
     return sorted(e.name for e in resources.files(__package__).iterdir()
                   if e.name.startswith(prefix) and e.name.endswith(".json.gz"))
 
@@ -106,7 +106,7 @@ def no_reference(distribution: str, release: str, wheel_sha256: str | None) -> s
 
 def wheel_hash(distribution: str, release: str, hashes: Mapping[str, str]) -> str | None:
     """sha256 of the installed `<dist>-<release>.dist-info/WHEEL`, if there."""
-    return hashes.get(f"{_normalize(distribution)}-{release}.dist-info/WHEEL")
+    return hashes.get(f"{filename_name(distribution)}-{release}.dist-info/WHEEL")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -157,12 +157,12 @@ def compare(ref: Reference, *, hashes: Mapping[str, str], others: Iterable[str] 
         unexplained.append(path)
 
     info = ref.dist_info
-    top = _normalize(ref.distribution)
+    top = filename_name(ref.distribution)
     folders = ref.folders
 
     def own(path: str) -> bool:
         first = path.split("/", 1)[0]
-        return first in folders or (first.endswith(".dist-info") and _normalize(first.split("-")[0]) == top)
+        return first in folders or (first.endswith(".dist-info") and filename_name(first.split("-")[0]) == top)
 
     def explained(path: str) -> bool:
         if path in ref.files:

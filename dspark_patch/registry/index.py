@@ -30,6 +30,7 @@ import requests
 import requests.adapters
 
 from dspark_patch.errors import BadInput, CheckFailed, DsparkPatchError, EnvironmentProblem, TargetNotFound
+from dspark_patch.imageref import ImageRef
 from dspark_patch.registry.manifest import (
     ACCEPT,
     ATTESTATION_ANNOTATION,
@@ -64,11 +65,8 @@ class RegistryUnreachable(EnvironmentProblem):
 
 def registry_host(ref: str) -> str | None:
     """The registry a reference names (`127.0.0.1:5000/repo:tag` -> `127.0.0.1:5000`), or None
-    for a short Docker Hub name, whose first component is not a host."""
-    first, sep, _ = ref.partition("/")
-    if sep and ("." in first or ":" in first or first == "localhost"):
-        return first
-    return None
+    for a Docker Hub name, whose first component is not a host (`ImageRef.host_of`)."""
+    return ImageRef.host_of(ref)
 
 
 def docker_config_file() -> str:
@@ -327,7 +325,7 @@ class Registry:
         """One platform's image manifest, fetched by the digest the index names; its size and
         media type must be what the index says."""
         entry = index.entry_for(platform)
-        repository = _repo(index.manifest.reference.split("@")[0])
+        repository = ImageRef.parse(index.manifest.reference).name
         manifest = self.fetch(f"{repository}@{entry.digest}")
         if len(manifest.body) != entry.size or manifest.media_type != entry.media_type:
             raise BadManifest(
@@ -388,7 +386,7 @@ class Registry:
 
     def fetch_blob(self, reference: str, digest: str) -> bytes:
         """A blob (an image config, say) of the repository `reference` is in, checked by digest."""
-        container = self._container(_repo(reference.split("@")[0]))
+        container = self._container(ImageRef.parse(reference).name)
         url = f"{self._prefix}://{container.get_blob_url(digest)}"
         doing = f"reading {digest} of {reference}"
         answer, body = self._request(url, "GET", doing, limit=BLOB_LIMIT, headers={})
@@ -423,12 +421,6 @@ class Registry:
         if answer.status_code >= 300:
             said = body[:200].decode("utf-8", "replace").replace("\n", " ").strip()
             raise RegistryRefused(f"{self.host} refused {doing}: HTTP {answer.status_code} {said}")
-
-
-def _repo(name: str) -> str:
-    """`host:port/path/name:tag` -> `host:port/path/name` (a port is not a tag)."""
-    head, _, last = name.rpartition("/")
-    return f"{head}/{last.split(':')[0]}" if head else last.split(":")[0]
 
 
 __all__ = [

@@ -79,6 +79,18 @@ class Platform:
             return True
         return self.architecture == "arm64" and {self.variant, wanted.variant} <= {"", "v8"}
 
+def parse_request(request: str) -> tuple[Platform, ...] | None:
+    """A `--platform` value: None for `all`, else the platforms of its comma list (the one
+    reader of the option's form; BadInput for an empty list or a malformed platform)."""
+    value = request.strip()
+    if value == "all":
+        return None
+    wanted = tuple(Platform.parse(item) for item in value.split(",") if item.strip())
+    if not wanted:
+        raise BadInput("--platform is empty", hint="write linux/amd64, a comma list, or all")
+    return wanted
+
+
 def select(available: Sequence[Platform], request: str | None, engine: Platform) -> tuple[Platform, ...]:
     """The platforms a `--platform` value selects, in the index's order.
 
@@ -93,11 +105,9 @@ def select(available: Sequence[Platform], request: str | None, engine: Platform)
                 hint="choose one with --platform, or --platform all",
             )
         return (chosen[0],)
-    if request.strip() == "all":
+    wanted = parse_request(request)
+    if wanted is None:
         return tuple(available)
-    wanted = [Platform.parse(item) for item in request.split(",") if item.strip()]
-    if not wanted:
-        raise BadInput("--platform is empty", hint="write linux/amd64, a comma list, or all")
     missing = [w for w in wanted if not any(p.matches(w) for p in available)]
     if missing:
         raise UnknownPlatform(

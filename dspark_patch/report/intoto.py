@@ -12,7 +12,8 @@ import re
 from typing import Any
 
 from dspark_patch.errors import BadInput
-from dspark_patch.report.model import AuditReport, ImageRef
+from dspark_patch.imageref import ImageRef
+from dspark_patch.report.model import AuditReport, ImageRecord
 from dspark_patch.serialise import to_data
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
@@ -32,12 +33,13 @@ def sha256_hex(digest: str) -> str:
     return m.group(1)
 
 
-def image_subject(image: ImageRef) -> tuple[str, str]:
+def image_subject(image: ImageRecord) -> tuple[str, str]:
     """(name, digest) of an image for a subject: the pushed manifest digest when there is one,
     since that is what registries, cosign and admission policies key on; else the image id."""
     if image.repo_digest:
-        name, _, digest = image.repo_digest.partition("@")
-        return name, digest
+        pushed = ImageRef.parse(image.repo_digest)
+        assert pushed.digest is not None  # a repo digest is NAME@DIGEST
+        return pushed.name, pushed.digest
     return image.ref, image.id
 
 
@@ -51,9 +53,7 @@ def subjects(report: AuditReport) -> list[tuple[str, str]]:
         return []
     found = []
     if report.index is not None and report.index.result_ref and report.index.result_digest:
-        name = report.index.result_ref.split("@", 1)[0]
-        head, _, last = name.rpartition("/")
-        found.append((f"{head}/{last.split(':', 1)[0]}" if head else last.split(":", 1)[0], report.index.result_digest))
+        found.append((ImageRef.parse(report.index.result_ref).name, report.index.result_digest))
     for platform in report.platforms:
         if platform.report.result_image is not None:
             found.append(image_subject(platform.report.result_image))

@@ -7,7 +7,7 @@ placements, compile, probe, the committed layer, and for a failure what to do ne
 
 from __future__ import annotations
 
-from dspark_patch.report.model import AuditReport, FileReport, ImageRef
+from dspark_patch.report.model import AuditReport, FileReport, ImageRecord
 
 _VERDICT = {
     "applied": "applied",
@@ -61,7 +61,7 @@ def _summary_line(report: AuditReport) -> str:
             return f"Failed: {first}"
 
 
-def _image_row(label: str, image: ImageRef | None) -> str:
+def _image_row(label: str, image: ImageRecord | None) -> str:
     if image is None:
         return f"| {label} | — | — | — |"
     return f"| {label} | {_code(image.ref)} | {_code(image.id)} | {_code(image.repo_digest)} |"

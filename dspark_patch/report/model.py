@@ -27,7 +27,9 @@ class DistributionInfo:
 
 
 @dataclass(frozen=True, kw_only=True)
-class ImageRef:
+class ImageRecord:
+    """An image as the report names it (the parsed reference type is `dspark_patch.imageref.ImageRef`)."""
+
     ref: str
     id: str                         # the image id (config digest), "sha256:<hex>"
     # The registry's manifest digest ("repo@sha256:<hex>") once pushed: what cosign and
@@ -42,7 +44,7 @@ class TargetReport:
     python: str | None = None
     python_version: str | None = None
     distribution: DistributionInfo | None = None
-    image: ImageRef | None = None
+    image: ImageRecord | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -219,7 +221,7 @@ class AuditReport:
     tool_version: str
     started_at: str             # ISO 8601, UTC
     target: TargetReport
-    result_image: ImageRef | None = None
+    result_image: ImageRecord | None = None
     patch: PatchReport | None = None
     files: tuple[FileReport, ...] = ()
     compile: CompileReport = field(default_factory=lambda: CompileReport(ok=True, ran=False))

@@ -18,6 +18,12 @@ ENV_VAR = "GITHUB_STEP_SUMMARY"
 
 
 def append_step_summary(report: AuditReport, path: Path | str) -> Path:
+    return append_markdown(to_markdown(report), path)
+
+
+def append_markdown(markdown: str, path: Path | str) -> Path:
+    """Append one Markdown block (an audit's, a status run's) to the summary file at `path`;
+    EnvironmentProblem (exit 3) when it cannot be written."""
     path = Path(path)
     try:
         with open(path, "a+b") as fh:
@@ -28,7 +34,7 @@ def append_step_summary(report: AuditReport, path: Path | str) -> Path:
             if size:
                 fh.seek(size - 1)
                 prefix = b"\n" if fh.read(1) == b"\n" else b"\n\n"
-            text = to_markdown(report).rstrip("\n") + "\n"
+            text = markdown.rstrip("\n") + "\n"
             fh.write(prefix + text.encode("utf-8", errors="backslashreplace"))
     except OSError as exc:
         raise EnvironmentProblem(
@@ -40,5 +46,10 @@ def append_step_summary(report: AuditReport, path: Path | str) -> Path:
 
 def append_step_summary_from_env(report: AuditReport, environ: Mapping[str, str] = os.environ) -> Path | None:
     """Append when $GITHUB_STEP_SUMMARY names a file; return it, or None when not in CI."""
+    return append_markdown_from_env(to_markdown(report), environ)
+
+
+def append_markdown_from_env(markdown: str, environ: Mapping[str, str] = os.environ) -> Path | None:
+    """Append when $GITHUB_STEP_SUMMARY names a file; return it, or None when not in CI."""
     target = environ.get(ENV_VAR, "").strip()
-    return append_step_summary(report, target) if target else None
+    return append_markdown(markdown, target) if target else None

@@ -12,8 +12,8 @@ from dataclasses import replace
 from ..attest.check import Subject, check
 from ..attest.dsse import Verifier
 from ..errors import DsparkPatchError
+from ..imageref import ImageRef
 from ..patchset import PatchSet
-from ..pipeline.index_run import registry_host, repository_of
 from ..registry.index import Registry
 from ..report.status_model import AttestedState, ImageStatus
 
@@ -23,7 +23,7 @@ def with_attestations(row: ImageStatus, verifier: Verifier, patchsets: dict[str,
     applied = [pid for pid, state in row.patch_sets if state == "applied" and pid in patchsets]
     if row.error or not applied:
         return row
-    host = registry_host(row.ref)
+    host = ImageRef.host_of(row.ref)
     if host is None:
         return replace(row, attested=tuple((pid, "no") for pid in applied),
                        attested_detail=(f"{row.ref} names no registry, so no attestation can be attached to it",))
@@ -31,7 +31,7 @@ def with_attestations(row: ImageStatus, verifier: Verifier, patchsets: dict[str,
     details: list[str] = []
     try:
         registry = registries.get(host) or registries.setdefault(host, Registry(host))
-        subject = Subject(repository=repository_of(row.ref), digest=registry.fetch(row.ref).digest)
+        subject = Subject(repository=ImageRef.parse(row.ref).name, digest=registry.fetch(row.ref).digest)
     except DsparkPatchError as exc:
         return replace(row, attested=tuple((pid, "no") for pid in applied),
                        attested_detail=(f"the registry was not read: {exc.line()}",))

@@ -20,15 +20,15 @@ from ..errors import BadInput, DsparkPatchError, EnvironmentProblem, TargetNotFo
 from ..patchset import PatchSet, available
 from ..registry.index import check_before_pull
 from ..report.status_model import FleetStatus, ImageStatus
+from ..targets.base import PullPolicy
 from ..targets.sitefiles import SiteFiles
 from .assess import assess, patched_paths
 from .shard import Shard, pick
 
 if TYPE_CHECKING:
-    from ..targets.docker import DockerEngine
+    from ..targets.base import ImageStore
 
 DISTRIBUTION = "vllm"
-PullPolicy = Literal["never", "missing", "always"]
 Via = Literal["auto", "layers", "container"]
 Event = Literal["start", "done"]
 ProgressCallback = Callable[[str, Event, ImageStatus | None], None]
@@ -142,10 +142,9 @@ def status(request: StatusRequest, *, on_progress: ProgressCallback | None = Non
 
 
 def _read_images(request: StatusRequest, patchsets: Sequence[PatchSet], progress: ProgressCallback) -> dict[str, ImageStatus]:
-    from ..targets.docker import DockerEngine
-    from ..targets.docker.reader import ImageReader
+    from ..targets import open_store
 
-    engine = DockerEngine()  # unreachable: the whole command exits 3
+    engine = open_store()  # unreachable: the whole command exits 3
     refs = list(dict.fromkeys(request.images))
     rows: dict[str, ImageStatus] = {}
     by_id: dict[str, list[str]] = {}
@@ -175,7 +174,7 @@ def _read_images(request: StatusRequest, patchsets: Sequence[PatchSet], progress
             progress(name, "start", None)
         extra: dict[str, str | None] = {"id": image_id}
         try:
-            with ImageReader(ref, engine=engine, platform=request.platform, image_id=image_id) as reader:
+            with engine.open_reader(ref, platform=request.platform, image_id=image_id) as reader:
                 extra["platform"] = reader.image_platform
                 return row_from_site(ref, reader.read_site(DISTRIBUTION, keep=patched_paths(patchsets)), patchsets, **extra)
         except DsparkPatchError as exc:
@@ -193,10 +192,9 @@ def _read_images(request: StatusRequest, patchsets: Sequence[PatchSet], progress
     return rows
 
 
-def _read_layers(engine: DockerEngine, by_id: dict[str, list[str]], patchsets: Sequence[PatchSet],
+def _read_layers(engine: ImageStore, by_id: dict[str, list[str]], patchsets: Sequence[PatchSet],
                  progress: ProgressCallback) -> dict[str, ImageStatus]:
     """All images from one save of their layers: a layer shared by many is read once."""
-    from ..targets.docker.reader import save_views
     from ..targets.layerfs import find_site
 
     for names in by_id.values():
@@ -206,14 +204,14 @@ def _read_layers(engine: DockerEngine, by_id: dict[str, list[str]], patchsets: S
     failure: DsparkPatchError | None = None
     views = {}
     try:
-        views = save_views(engine, list(by_id), DISTRIBUTION, keep=patched_paths(patchsets))
+        views = engine.save_views(list(by_id), DISTRIBUTION, keep=patched_paths(patchsets))
     except DsparkPatchError as exc:
         failure = exc
     except (ValueError, LookupError, TypeError, UnicodeError, tarfile.TarError) as exc:
         failure = unreadable("the images' layers", exc)
     for image_id, names in by_id.items():
         info = engine.image_info(image_id)
-        extra: dict[str, str | None] = {"id": image_id, "platform": _platform(engine, image_id)}
+        extra: dict[str, str | None] = {"id": image_id, "platform": info.platform}
         view = views.get(image_id)
         if failure is not None:
             row = _error_row(names[0], failure, **extra)
@@ -234,7 +232,3 @@ def _read_layers(engine: DockerEngine, by_id: dict[str, list[str]], patchsets: S
             progress(name, "done", rows[name])
     return rows
 
-
-def _platform(engine: DockerEngine, image_id: str) -> str:
-    attrs = engine.client.images.get(image_id).attrs
-    return "/".join(p for p in (attrs.get("Os") or "linux", attrs.get("Architecture"), attrs.get("Variant")) if p)

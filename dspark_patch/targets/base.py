@@ -1,21 +1,32 @@
-"""What a target is: a place where an installed distribution lives and can be patched.
+"""What a target is: a place where an installed distribution lives and can be patched; and
+what an image store is: where images are pulled, inspected, tagged, pushed and opened.
 
-Two kinds exist: a local site-packages folder (`targets.local.LocalTree`) and a container made
-from an image (`targets.docker.ImageTarget`). The pipeline talks to `Target`, so the same plan,
-hash checks and report serve both; the steps only an image has (layer, labels,
+Two kinds of target exist: a local site-packages folder (`targets.local.LocalTree`) and a
+container made from an image (`targets.docker.ImageTarget`). The pipeline talks to `Target`, so
+the same plan, hash checks and report serve both; the steps only an image has (layer, labels,
 commit, tag, push) ask for `ImageCapable`, checked once per run.
+
+Images themselves are reached through `ImageStore` (one implementation today: the Docker
+engine, `targets.docker.DockerEngine`), handed out by `targets.open_store()`: the pipeline and
+`status` never name the implementation.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
+    from ..errors import DsparkPatchError
     from ..patching.plan import PatchPlan
+    from .layers import LayerView
+    from .sitefiles import SiteFiles
 
 TargetKind = Literal["local", "image"]
+# When an image is pulled, as `docker run --pull` says: the one declaration of it.
+PullPolicy = Literal["never", "missing", "always"]
 # The go-ahead files of `PreStarting.put_handshake` live at the target's root under this prefix.
 HANDSHAKE_PREFIX = ".dspark-patch-go-"
 
@@ -82,6 +93,25 @@ class PullProgress:
 
 
 PullCallback = Callable[[PullProgress], None]
+
+
+class ImageInfo(NamedTuple):
+    """An image as its store inspects it."""
+
+    id: str                       # sha256:... (the config digest)
+    config: dict[str, Any]        # the image's Config, as the store reports it
+    layers: int                   # number of filesystem layers (RootFS.Layers)
+    repo_tags: tuple[str, ...]
+    diff_ids: tuple[str, ...] = ()  # RootFS.Layers: each layer's uncompressed digest
+    architecture: str = ""
+    os: str = ""
+    variant: str = ""
+    repo_digests: tuple[str, ...] = ()  # "name@sha256:..." of each registry manifest it was pulled as
+
+    @property
+    def platform(self) -> str:
+        """`os/architecture[/variant]`, as indexes and `--platform` spell it (os defaults to linux)."""
+        return "/".join(p for p in (self.os or "linux", self.architecture, self.variant) if p)
 
 
 class Target(Protocol):
@@ -190,4 +220,65 @@ class PreStarting(Protocol):
 
     def put_handshake(self, name: str, data: bytes) -> None:
         """Write the file `/NAME` outside every site folder (never part of a layer)."""
+        ...
+
+
+class SiteReader(Protocol):
+    """An image's site folder read without running anything (`ImageStore.open_reader`)."""
+
+    image_platform: str | None    # set once opened: os/architecture[/variant]
+
+    def read_site(self, distribution: str, *, keep: Iterable[str] = ()) -> SiteFiles: ...
+
+
+class ImageStore(Protocol):
+    """Where images live: the one way the pipeline and `status` reach them (`targets.open_store`)."""
+
+    host: str                     # where the store is, for messages (the engine's DOCKER_HOST)
+
+    def image_info(self, ref: str) -> ImageInfo:
+        """Inspect `ref` (name, name@digest or id); TargetNotFound when the store lacks it."""
+        ...
+
+    def tag_exists(self, name: str) -> bool: ...
+
+    def ensure_image(self, ref: str, *, pull: PullPolicy, platform: str | None = None,
+                     on_progress: PullCallback | None = None) -> tuple[ImageInfo, bool]:
+        """`ref` in the store, pulled first as `pull` says; its info and whether it was pulled."""
+        ...
+
+    def tag(self, image_id: str, name: str) -> None: ...
+
+    def refuse_existing_tag(self, tag: str, *, force: bool) -> None:
+        """Raise TagExists when `tag` names an image already and `force` is not given."""
+        ...
+
+    def push(self, tag: str) -> str:
+        """Push `tag` to its registry; the pushed manifest digest (sha256:...)."""
+        ...
+
+    def remove_image(self, ref: str, *, force: bool = False) -> None: ...
+
+    def platform(self) -> tuple[str, str, str]:
+        """(os, architecture, variant) of the store's own host, as image indexes spell them."""
+        ...
+
+    def check_emulation(self, image_id: str, platform: str) -> None:
+        """Raise EnvironmentProblem when the store's host cannot run `platform`'s programs."""
+        ...
+
+    def open_image(self, ref: str, *, python: str | None = None, pull: PullPolicy = "never",
+                   on_pull: PullCallback | None = None) -> AbstractContextManager[ImageCapable]:
+        """A patch target made from `ref` (pulled as `pull` says), for a `with` block."""
+        ...
+
+    def open_reader(self, ref: str, *, platform: str | None = None,
+                    image_id: str | None = None) -> AbstractContextManager[SiteReader]:
+        """A reader of `ref`'s site folder (an id pins exactly the image a caller grouped tags by)."""
+        ...
+
+    def save_views(self, image_ids: Sequence[str], distribution: str,
+                   keep: Iterable[str] = ()) -> dict[str, LayerView | DsparkPatchError]:
+        """Every image's merged layer view from one save of all of them (shared layers read once);
+        an image whose layers cannot be read maps to its error."""
         ...

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any, BinaryIO
 
+from ..distname import filename_name
 from ..errors import AmbiguousDistribution, BadInput, TargetNotFound, UnreadableLayout
 from ..inside.locate import RECORD_CAP, BadRecord, parse_record
 from ..references import PTH_CAP, STARTUP_MODULES, bytecode_source
@@ -41,19 +42,17 @@ _MODULE_FILE = re.compile(r"^(?P<name>[^./]+)(?:\..*)?\.(?:py|pyc|so|pyd)$")
 __all__ = ["Entry", "LayerView", "find_site", "folder_view", "merge_scans", "site_files", "status_keep"]
 
 
-def _normalize(name: str) -> str:
-    return re.sub(r"[-_.]+", "_", name).lower()
 
 
 def _own(first: str, top: str) -> bool:
-    return first == top or (first.endswith(".dist-info") and _normalize(first.split("-")[0]) == top)
+    return first == top or (first.endswith(".dist-info") and filename_name(first.split("-")[0]) == top)
 
 
 def status_keep(distribution: str, keep_paths: Iterable[str] = ()) -> KeepPredicate:
     """What `status` needs of a layer (root-relative paths, no leading slash). `keep_paths`:
     site-relative paths (the files known patch sets change) whose bytes, and whose bytecode's,
     are kept so that status/bytecode.py can recompile them."""
-    top = _normalize(distribution)
+    top = filename_name(distribution)
     kept = frozenset(keep_paths)
 
     def keep(path: str, kind: Kind) -> Keep:
@@ -95,7 +94,7 @@ def holds(view: LayerView, site: str, distribution: str) -> bool:
 
     A module file of that name (`vllm.py`, `vllm.cpython-311-….so`) or a symlink there is
     refused: the import goes somewhere status does not read."""
-    top = _normalize(distribution)
+    top = filename_name(distribution)
     real = view.resolve(site)
     prefix = real + "/" if real else ""
     entry = view.entries.get(prefix + top)
@@ -118,7 +117,7 @@ def holds(view: LayerView, site: str, distribution: str) -> bool:
 
 
 def everywhere(view: LayerView, distribution: str) -> list[str]:
-    top = _normalize(distribution)
+    top = filename_name(distribution)
     return sorted({"/" + m["site"] for p in view.entries if (m := _SITE.match(p)) and m["rel"] == f"{top}/__init__.py"})
 
 
@@ -135,7 +134,7 @@ def find_site(view: LayerView, distribution: str, config: Mapping[str, Any], ref
                                lambda: everywhere(view, distribution))
     found = site_files(view, distribution, site)
     if found is None:
-        raise TargetNotFound(f"{site}/{_normalize(distribution)} in image {ref} has no {distribution} dist-info "
+        raise TargetNotFound(f"{site}/{filename_name(distribution)} in image {ref} has no {distribution} dist-info "
                              "(METADATA, RECORD)",
                              hint="the package was not installed as a distribution; nothing to check it against")
     others = tuple(s for s in everywhere(view, distribution) if view.resolve(s) != view.resolve(site))
@@ -145,7 +144,7 @@ def find_site(view: LayerView, distribution: str, config: Mapping[str, Any], ref
 def site_files(view: LayerView, distribution: str, site: str) -> SiteFiles | None:
     """The distribution in the site folder `site` (absolute, as the interpreter sees it), or None
     when that folder holds no dist-info of it. A symlink inside its own folders is refused."""
-    top = _normalize(distribution)
+    top = filename_name(distribution)
     real = view.resolve(site)
     hashes: dict[str, str] = {}
     others: list[str] = []

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -12,6 +11,7 @@ from importlib.metadata import PathDistribution
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..distname import canonical_name
 from ..errors import AmbiguousDistribution, BadInput, EnvironmentProblem, TargetNotFound
 from ..inside import ISOLATED
 from ..inside.locate import BadRecord, record_of
@@ -27,8 +27,6 @@ if TYPE_CHECKING:
 NEUTRAL_CWD = "/"
 
 
-def _normalize(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 class LocalTree:
@@ -50,9 +48,9 @@ class LocalTree:
         return ()
 
     def locate(self, distribution: str) -> Distribution:
-        wanted = _normalize(distribution)
+        wanted = canonical_name(distribution)
         mine = [d for d in sorted(self.root.glob("*.dist-info"))
-                if (m := PathDistribution(d).metadata) and m["Name"] and _normalize(m["Name"]) == wanted]
+                if (m := PathDistribution(d).metadata) and m["Name"] and canonical_name(m["Name"]) == wanted]
         if len(mine) > 1:
             raise AmbiguousDistribution(
                 f"{self.root} holds {len(mine)} {distribution} distributions ({', '.join(d.name for d in mine)})",

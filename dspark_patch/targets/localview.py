@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from importlib.metadata import PathDistribution
 from pathlib import Path
 
+from ..distname import canonical_name
 from ..errors import AmbiguousDistribution, TargetNotFound
 from ..inside.integrity import own_folders
 from ..inside.locate import BadRecord, read_record_rows
@@ -25,8 +26,6 @@ from .sitefiles import SiteFiles
 _PY_DIR = re.compile(r"python(\d+\.\d+)")
 
 
-def _normalize(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def _kept(path: str, keep: frozenset[str]) -> bool:
@@ -41,12 +40,12 @@ def read_site(root: Path, distribution: str, *, keep: Iterable[str] = ()) -> Sit
         raise TargetNotFound(f"--root {root}: no such directory", hint="give the site-packages folder that holds the package")
     root = root.resolve()
     keep = frozenset(keep)
-    wanted = _normalize(distribution)
+    wanted = canonical_name(distribution)
     mine = []
     for info_dir in sorted(root.glob("*.dist-info")):
         dist = PathDistribution(info_dir)
         name = dist.metadata["Name"] if dist.metadata else None
-        if name and _normalize(name) == wanted:
+        if name and canonical_name(name) == wanted:
             mine.append((info_dir, dist, name))
     if not mine:
         raise TargetNotFound(f"no {distribution} distribution (*.dist-info) in {root}",
@@ -70,7 +69,7 @@ def read_site(root: Path, distribution: str, *, keep: Iterable[str] = ()) -> Sit
     kept: dict[str, bytes] = {}
     top = wanted.replace("-", "_")
     folders = own_folders(p for p, _ in record) | {top} | {i.name for i in root.glob("*.dist-info")
-                                                           if _normalize(i.name.split("-")[0]) == wanted}
+                                                           if canonical_name(i.name.split("-")[0]) == wanted}
     for folder in sorted(folders):
         base = root / folder
         if base.is_symlink() or not base.is_dir():

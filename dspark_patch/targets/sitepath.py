@@ -2,7 +2,7 @@
 
 Both routes of `status` use this (a merged layer view and a never-started container answer the
 same `stat`/`read_head`/`read_small` questions), so both find the same folder (issue 16, class 3).
-The interpreters are the ones `targets/docker/interpreter.py` finds for `apply` (entrypoint's
+The interpreters are the ones `targets/interpreter.py` finds for `apply` (entrypoint's
 first, then VIRTUAL_ENV, PATH, the usual roots); for each, `sys.path` is derived as CPython's
 `getpath` and `site` build it:
 - the version is the binary's own name (`python3.11`, after links), else the one
@@ -26,7 +26,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .docker import interpreter as interp
+from . import imageconfig
+from . import interpreter as interp
 
 ReadSmall = Callable[[str], "bytes | None"]
 _VERSIONED = re.compile(r"^python(3\.\d+)$")
@@ -43,7 +44,7 @@ class SitePath:
 def interpreter_sites(config: Mapping[str, Any], stat: interp.Stat, read_head: interp.ReadHead,
                       read_small: ReadSmall) -> list[SitePath]:
     found = interp.existing(interp.candidates(config, stat, read_head), stat)
-    extra = [p for p in interp.image_env(config).get("PYTHONPATH", "").split(":") if p.startswith("/")]
+    extra = [p for p in imageconfig.image_env(config).get("PYTHONPATH", "").split(":") if p.startswith("/")]
     out = []
     for python in found:
         version, sites = _derive(python, stat, read_small, depth=0)
@@ -113,7 +114,7 @@ def _minor(version: str) -> str | None:
 
 
 def _is_dir(found: Mapping[str, Any] | None) -> bool:
-    return found is not None and bool(int(found.get("mode", 0)) & (1 << 31))
+    return imageconfig.is_dir(found)
 
 
 def choose_site(ref: str, distribution: str, paths: Sequence[SitePath], holds: Callable[[str], bool],

@@ -10,48 +10,37 @@ each test. Because trees share inodes with the cache, tests change files only by
 
 from __future__ import annotations
 
-import fcntl
+import importlib.machinery
+import importlib.util
 import os
 import shutil
 import subprocess
 import sys
 import zipfile
-from contextlib import contextmanager
 from pathlib import Path
+from types import ModuleType
 
-CACHE = Path(os.environ.get("DSPARK_PATCH_CACHE", Path.home() / ".cache" / "dspark-patch"))
+
+def _load_script(path: Path) -> ModuleType:
+    loader = importlib.machinery.SourceFileLoader("dspark_patch_vllm_wheel", str(path))
+    spec = importlib.util.spec_from_loader(loader.name, loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+# The wheels are found the way the image scripts find them: scripts/vllm-wheel, loaded here.
+_wheels = _load_script(Path(__file__).resolve().parents[2] / "scripts" / "vllm-wheel")
+CACHE: Path = _wheels.CACHE
+_locked = _wheels.locked
+wheel = _wheels.wheel
+platform_wheel = _wheels.platform_wheel
 
 # The releases the tests read: 0.33.0 (the shipped variant), 0.32.0 (a hand port develops the
 # probe against it) and 0.31.0 (refused: no drafter helper). Any of them works with every
 # function below; each wheel is downloaded once.
 RELEASES = ("0.33.0", "0.32.0", "0.31.0")
-
-
-@contextmanager
-def _locked(name: str):
-    CACHE.mkdir(parents=True, exist_ok=True)
-    with open(CACHE / f".{name}.lock", "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        yield
-
-
-def wheel(version: str) -> Path:
-    """The real vllm==VERSION wheel from the package index (downloaded once)."""
-    return _cached_wheel(version, CACHE / "wheels", f"wheel-{version}", [])
-
-
-def _cached_wheel(version: str, wheels: Path, lock: str, pip_args: list[str]) -> Path:
-    with _locked(lock):
-        found = sorted(wheels.glob(f"vllm-{version}-*.whl"))
-        if not found:
-            wheels.mkdir(parents=True, exist_ok=True)
-            subprocess.run(
-                [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
-                 "--disable-pip-version-check", *pip_args, f"vllm=={version}", "-d", str(wheels)],
-                check=True,
-            )
-            found = sorted(wheels.glob(f"vllm-{version}-*.whl"))
-    return found[0]
 
 
 def python_sources(version: str) -> Path:
@@ -98,12 +87,3 @@ def replace_file(path: Path, data: bytes) -> None:
     tmp.write_bytes(data)
     shutil.copymode(path, tmp)
     os.replace(tmp, path)
-
-
-def platform_wheel(version: str, platform: str) -> Path:
-    """The real vllm==VERSION wheel for another platform (e.g. manylinux_2_28_aarch64), cached.
-
-    Kept in a folder of its own: `wheel()` globs `wheels/vllm-VERSION-*.whl` for the host's.
-    """
-    return _cached_wheel(version, CACHE / "wheels" / platform, f"wheel-{version}-{platform}",
-                         ["--platform", platform, "--only-binary=:all:"])

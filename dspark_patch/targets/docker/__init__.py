@@ -4,18 +4,19 @@ One idea a module:
   client.py     DockerEngine: connect, images (inspect, pull, tag, push, remove), path stats,
                 our containers (list, gc), and `started` (an image run with its own entrypoint)
   transfer.py   pull and push with the docker config's login; progress events; registry errors
-  interpreter.py  which python in the image owns vLLM (config + stats, then one choice)
   naming.py     our containers' names and who owns one (the only place that decides either)
   container.py  WorkContainer: one keep-alive container; call, copy_out, copy_into (never committed)
   append.py     the source plus one layer tar, config kept, loaded as a `docker load` archive
   result_image.py  the patched image: source + layer (append.py), checked field by field, tagged
+  store.py      DockerStore: the engine as the `ImageStore` of targets/base.py (targets.open_store)
   signals.py    SIGTERM -> SystemExit while a container is alive, so it is removed
   target.py     ImageTarget: the Target protocol and ImageCapable on top of those
 """
 
 from __future__ import annotations
 
-from .client import ContainerState, DockerEngine, ImageInfo, StartedContainer, gc_containers
+from ..base import ImageInfo
+from .client import ContainerState, DockerEngine, StartedContainer, gc_containers
 from .naming import KEEP_ENV, NAME_PREFIX
 from .result_image import CONFIG_FIELDS
 from .target import ImageTarget

@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import docker
 import docker.errors
@@ -21,20 +21,11 @@ import docker.types
 import requests.exceptions
 
 from ...errors import BadInput, EngineUnreachable, EnvironmentProblem, TargetNotFound
+from ...imageref import ImageRef
+from ..base import ImageInfo, PullCallback, PullPolicy
 from . import transfer
 from .naming import NAME_PREFIX, Owner, container_name, keep_requested
 from .signals import terminate_raises
-
-
-class ImageInfo(NamedTuple):
-    id: str                       # sha256:...
-    config: dict[str, Any]        # the image's Config, as the engine reports it
-    layers: int                   # number of filesystem layers (RootFS.Layers)
-    repo_tags: tuple[str, ...]
-    diff_ids: tuple[str, ...] = ()  # RootFS.Layers: each layer's uncompressed digest
-    architecture: str = ""
-    os: str = ""
-    variant: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,6 +74,7 @@ class DockerEngine:
             architecture=attrs.get("Architecture") or "",
             os=attrs.get("Os") or "",
             variant=attrs.get("Variant") or "",
+            repo_digests=tuple(attrs.get("RepoDigests") or ()),
         )
 
     def history(self, image_id: str) -> list[dict[str, Any]]:
@@ -125,17 +117,27 @@ class DockerEngine:
         return image_id
 
     def tag(self, image_id: str, name: str) -> None:
-        repository, tag = _split_tag(name)
-        self.client.images.get(image_id).tag(repository, tag)
+        ref = ImageRef.parse(name)
+        self.client.images.get(image_id).tag(ref.name, ref.tag_or_latest)
 
     def push(self, tag: str) -> str:
         """Push `tag` to its registry; returns the pushed manifest digest (sha256:...)."""
-        return transfer.push_image(self, tag)
+        return transfer.push_image(self.client.api, tag)
 
-    def ensure_image(self, ref: str, *, pull: transfer.PullPolicy, platform: str | None = None,
-                     on_progress: transfer.PullCallback | None = None) -> tuple[ImageInfo, bool]:
-        """`ref` on this engine, pulled first as `pull` says; returns its info and whether it was pulled."""
-        return transfer.ensure_image(self, ref, pull=pull, platform=platform, on_progress=on_progress)
+    def ensure_image(self, ref: str, *, pull: PullPolicy, platform: str | None = None,
+                     on_progress: PullCallback | None = None) -> tuple[ImageInfo, bool]:
+        """`ref` on this engine, pulled first as `pull` says (docker run's --pull); returns its
+        info and whether it was pulled. An image id is never pulled."""
+        if pull == "always" and not transfer.is_image_id(ref):
+            transfer.pull_image(self.client.api, ref, platform=platform, on_progress=on_progress)
+            return self.image_info(ref), True
+        try:
+            return self.image_info(ref), False
+        except TargetNotFound:
+            if pull == "never" or transfer.is_image_id(ref):
+                raise
+        transfer.pull_image(self.client.api, ref, platform=platform, on_progress=on_progress)
+        return self.image_info(ref), True
 
     def path_stat(self, container_id: str, path: str) -> dict[str, Any] | None:
         """The engine's stat of `path` in a container (started or not; nothing runs): name, size,
@@ -286,14 +288,6 @@ def _list_containers(api: Any, name: str) -> list[dict[str, Any]]:
                 raise
             time.sleep(0.05 * (attempt + 1))
     return []
-
-
-def _split_tag(name: str) -> tuple[str, str]:
-    # "host:5000/repo:tag" -> ("host:5000/repo", "tag"); no tag -> "latest".
-    repository, sep, tag = name.rpartition(":")
-    if not sep or "/" in tag:
-        return name, "latest"
-    return repository, tag
 
 
 def reason(exc: BaseException) -> str:

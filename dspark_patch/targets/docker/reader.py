@@ -31,7 +31,6 @@ import hashlib
 import io
 import json
 import posixpath
-import re
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import replace
@@ -40,28 +39,22 @@ from typing import Any, BinaryIO
 import docker.errors
 import requests.exceptions
 
+from ...distname import filename_name
 from ...errors import DsparkPatchError, EnvironmentProblem, HostileLayer, TargetNotFound, UnreadableLayout
+from .. import imageconfig, interpreter
 from ..layerfs import folder_view, merge_scans, site_files, status_keep
 from ..layers import LayerScan, LayerView, TarStream, scan_layer
 from ..layers.tarstream import BLOCK
 from ..sitefiles import SiteFiles
 from ..sitepath import choose_site, interpreter_sites
-from . import interpreter
 
 # Our container naming is shared with `gc`; the lead moves these into targets/docker/ at merge.
 from .client import DockerEngine
 from .client import reason as _reason
 from .naming import container_name as _container_name
 
-PYTHON_MINORS = tuple(range(14, 5, -1))   # newest first: 3.14 … 3.6
-COMMON_PREFIXES = ("/usr/local", "/usr", "/opt/conda", "/opt/venv", "/venv", "/opt/python")
 # Never started; only named so an accidental start fails fast instead of running the image.
 NEVER_STARTED = ["/dspark-patch-status-never-starts"]
-_GO_LINK = 1 << 27
-
-
-def _normalize(name: str) -> str:
-    return re.sub(r"[-_.]+", "_", name).lower()
 
 
 class _ChunkReader(io.RawIOBase):
@@ -103,9 +96,7 @@ class ImageReader:
     def __enter__(self) -> ImageReader:
         info = self._engine.image_info(self._wanted)
         self.image_id, self._config = info.id, info.config
-        attrs = self._engine.client.images.get(info.id).attrs
-        parts = [attrs.get("Os") or "linux", attrs.get("Architecture") or "", attrs.get("Variant") or ""]
-        self.image_platform = "/".join(p for p in parts if p)
+        self.image_platform = info.platform
         try:
             created = self._api.create_container(
                 info.id, entrypoint=NEVER_STARTED, command=[], name=_container_name("status"),
@@ -145,7 +136,7 @@ class ImageReader:
 
     def is_dir(self, path: str) -> bool:
         found = self.stat(path)
-        return found is not None and bool(found.get("mode", 0) & (1 << 31))  # Go's os.ModeDir
+        return imageconfig.is_dir(found)
 
     def _chunks(self, path: str) -> BinaryIO:
         assert self._container
@@ -169,33 +160,12 @@ class ImageReader:
     # --- locating ----------------------------------------------------------------------------
     def site_candidates(self) -> list[str]:
         """Every site folder at the usual places (only to name a copy no interpreter imports)."""
-        env = dict(e.split("=", 1) for e in self._config.get("Env") or () if "=" in e)
-        prefixes: list[str] = []
-        for entry in [env.get("VIRTUAL_ENV", "") + "/bin", *env.get("PATH", "").split(":")]:
-            if entry.endswith("/bin") and entry != "/bin":
-                prefixes.append(posixpath.dirname(entry) or "/")
-        prefixes += COMMON_PREFIXES
-        found: list[str] = []
-        seen: set[str] = set()
-        for prefix in prefixes:
-            if prefix in seen or prefix == "/":
-                continue
-            seen.add(prefix)
-            for minor in PYTHON_MINORS:
-                lib = f"{prefix}/lib/python3.{minor}"
-                if not self.is_dir(lib):
-                    continue
-                for name in ("site-packages", "dist-packages"):
-                    if self.is_dir(f"{lib}/{name}"):
-                        found.append(f"{lib}/{name}")
-            if prefix == "/usr" and self.is_dir("/usr/lib/python3/dist-packages"):
-                found.append("/usr/lib/python3/dist-packages")  # Debian's python3-* packages
-        return found
+        return imageconfig.site_candidates(self._config, self.is_dir)
 
     def read_site(self, distribution: str, *, keep: Iterable[str] = ()) -> SiteFiles:
         """The site folder the image's interpreters import `distribution` from (targets/sitepath.py,
         the same rule as the layer route), read through the engine without running anything."""
-        top = _normalize(distribution)
+        top = filename_name(distribution)
 
         def read_head(path: str) -> bytes | None:
             data = self.read_small(path)
@@ -203,7 +173,7 @@ class ImageReader:
 
         def holds(site: str) -> bool:
             found = self.stat(f"{site}/{top}")
-            if found is not None and int(found.get("mode", 0)) & _GO_LINK:
+            if imageconfig.is_link(found):
                 raise UnreadableLayout(f"{site}/{top} in image {self.ref} is a symlink: status reads no files through "
                                        f"links in {distribution}'s folders", hint="nothing is said about this image")
             return self.stat(f"{site}/{top}/__init__.py") is not None
@@ -221,12 +191,12 @@ class ImageReader:
         # A site folder reached through a link is read where the link leads (dockerd's stat gives
         # the target resolved in the container); the archive's names start with the folder's name.
         stat = self.stat(site) or {}
-        real = str(stat.get("linkTarget") or site) if int(stat.get("mode", 0)) & _GO_LINK else site
+        real = str(stat.get("linkTarget") or site) if imageconfig.is_link(stat) else site
         view = folder_view(self._chunks(real), folder=real, distribution=distribution,
                            where=f"the engine's tar of {real} in image {self.ref}", keep=keep)
         found = site_files(view, distribution, real)
         if found is None:
-            raise TargetNotFound(f"{site}/{_normalize(distribution)} in image {self.ref} has no {distribution} dist-info "
+            raise TargetNotFound(f"{site}/{filename_name(distribution)} in image {self.ref} has no {distribution} dist-info "
                                  "(METADATA, RECORD)",
                                  hint="the package was not installed as a distribution; nothing to check it against")
         return replace(found, location=site)

@@ -22,13 +22,23 @@ from typing import TYPE_CHECKING, Any
 from ...errors import AmbiguousDistribution, BadInput, CheckFailed, DsparkPatchError, TargetNotFound, UnsafePatch
 from ...inside import ISOLATED
 from ...inside import source as inside_source
-from ..base import HANDSHAKE_PREFIX, CommittedImage, Distribution, LayerEntry, RecordEntry, RunResult, TargetInfo
+from .. import interpreter
+from ..base import (
+    HANDSHAKE_PREFIX,
+    CommittedImage,
+    Distribution,
+    LayerEntry,
+    PullCallback,
+    PullPolicy,
+    RecordEntry,
+    RunResult,
+    TargetInfo,
+)
 from ..layers import TarStream
-from . import interpreter, result_image
+from . import result_image
 from .client import DockerEngine, ImageInfo
 from .container import NEW_FILE, ExecutableMissing, FileMeta, RunningCall, WorkContainer
 from .reader import ImageReader
-from .transfer import PullCallback, PullPolicy
 
 if TYPE_CHECKING:
     from ...patching.plan import PatchPlan

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any
 
+import docker
 import docker.auth
 import docker.errors
 import docker.utils.config
@@ -20,46 +21,29 @@ import requests.exceptions
 import urllib3.exceptions
 
 from ...errors import BadInput, DsparkPatchError, EnvironmentProblem, TargetNotFound
+from ...imageref import ImageRef
 from ...registry.index import docker_config_file
 from ..base import PullCallback, PullProgress
 
-if TYPE_CHECKING:
-    from .client import DockerEngine, ImageInfo
-
-PullPolicy = Literal["never", "missing", "always"]
-PULL_POLICIES: tuple[PullPolicy, ...] = ("never", "missing", "always")
-
-
-
-# An image id (full or short) names an image on this engine only: there is nothing to pull.
 _IMAGE_ID = re.compile(r"^(sha256:)?[0-9a-f]{12,64}$")
 _REFUSED = re.compile(r"unauthori[sz]ed|authentication required|no basic auth credentials|denied", re.I)
 _ABSENT = re.compile(r"manifest unknown|not found|does not exist|name unknown", re.I)
 
 
-def ensure_image(engine: DockerEngine, ref: str, *, pull: PullPolicy, platform: str | None = None,
-                 on_progress: PullCallback | None = None) -> tuple[ImageInfo, bool]:
-    """The image `ref` on the engine, pulled first as `pull` says (docker run's --pull).
-    Returns its info and whether it was pulled."""
-    if pull == "always" and not _IMAGE_ID.match(ref):
-        pull_image(engine, ref, platform=platform, on_progress=on_progress)
-        return engine.image_info(ref), True
-    try:
-        return engine.image_info(ref), False
-    except TargetNotFound:
-        if pull == "never" or _IMAGE_ID.match(ref):
-            raise
-    pull_image(engine, ref, platform=platform, on_progress=on_progress)
-    return engine.image_info(ref), True
+def is_image_id(ref: str) -> bool:
+    """An image id (full or short) names an image on this engine only: there is nothing to pull."""
+    return bool(_IMAGE_ID.match(ref))
 
 
-def pull_image(engine: DockerEngine, ref: str, *, platform: str | None = None,
+def pull_image(api: docker.APIClient, ref: str, *, platform: str | None = None,
                on_progress: PullCallback | None = None) -> None:
     """Pull `ref` (name:tag or name@sha256:…) from its registry with the docker config's login."""
-    repository, tag = docker.utils.parse_repository_tag(ref)
+    name = ImageRef.parse(ref)
     try:
-        # The low-level call: the high-level `images.pull` drops the stream's error events.
-        events = engine.client.api.pull(repository, tag=tag or "latest", platform=platform, stream=True, decode=True)
+        # The low-level call: the high-level `images.pull` drops the stream's error events. The
+        # engine takes a digest in place of the tag (and pulls by digest when both are given).
+        events = api.pull(name.name, tag=name.digest or name.tag_or_latest, platform=platform,
+                                        stream=True, decode=True)
         _follow(ref, events, on_progress)
     except DsparkPatchError:
         raise
@@ -90,12 +74,12 @@ def _is_layer(event: dict[str, Any]) -> bool:
     return bool(re.fullmatch(r"[0-9a-f]{12}", str(event.get("id", ""))))
 
 
-def push_image(engine: DockerEngine, tag: str) -> str:
+def push_image(api: docker.APIClient, tag: str) -> str:
     """Push `tag` to its registry with the docker config's login; returns the manifest digest."""
-    repository, name_tag = docker.utils.parse_repository_tag(tag)
+    name = ImageRef.parse(tag)
     digest = None
     try:
-        for event in engine.client.api.push(repository, tag=name_tag or "latest", stream=True, decode=True):
+        for event in api.push(name.name, tag=name.tag_or_latest, stream=True, decode=True):
             if "error" in event:
                 raise registry_error("pushing", tag, str(event["error"]), not_found_is_input=False)
             digest = (event.get("aux") or {}).get("Digest", digest)
@@ -119,7 +103,7 @@ def push_image(engine: DockerEngine, tag: str) -> str:
 def registry_error(doing: str, ref: str, said: str, *, not_found_is_input: bool) -> DsparkPatchError:
     """One line for a failed pull or push: a refused login (exit 3, naming the registry, the
     config file and `docker login`), an image the registry lacks (exit 2), anything else (exit 3)."""
-    registry, _ = docker.auth.resolve_repository_name(ref.split("@", 1)[0])
+    registry = ImageRef.host_of(ref) or docker.auth.INDEX_NAME
     said = said.strip()
     if _REFUSED.search(said):
         config = docker.utils.config.find_config_file() or docker_config_file()

@@ -11,7 +11,7 @@ of L layers is O(L × entries × depth), whatever the whiteouts (issue 16, class
 
 `LayerView.resolve` follows symlinks in every component as the kernel does inside a chroot:
 absolute targets start at the image's root, `..` stops at the root, 40 links at most.
-`LayerView.stat` answers in the engine's path-stat format (`targets/docker/interpreter.py`
+`LayerView.stat` answers in the engine's path-stat format (`targets/interpreter.py`
 reads it), so the interpreter search runs on a merged view exactly as on a container.
 """
 
@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...errors import UnreadableLayout
+from ..imageconfig import GO_DIR, GO_LINK
 from .scan import Entry, LayerScan, ancestors
 
 MAX_LINKS = 40
-GO_DIR, GO_LINK = 1 << 31, 1 << 27
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -22,17 +22,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from ...errors import BadInput, TargetNotFound
+from ..errors import BadInput, TargetNotFound
+from .imageconfig import GO_DIR, GO_LINK, image_argv, search_dirs
 
 Stat = Callable[[str], "Mapping[str, Any] | None"]    # the engine's path stat, None if absent
 ReadHead = Callable[[str], bytes | None]               # a small file's first bytes, None if absent
 
-COMMON_BINS = ("/opt/venv/bin", "/opt/conda/bin", "/venv/bin", "/usr/local/bin", "/usr/bin")
 NAMES = ("python3", "python")
 SYSTEM_BINS = ("/bin", "/sbin", "/usr/bin", "/usr/sbin", "/usr/local/bin", "/usr/local/sbin")
-DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # the engine's default
 _PYTHON_NAME = re.compile(r"^python(\d+(\.\d+)?)?$")
-_GO_DIR, _GO_LINK = 1 << 31, 1 << 27      # Go's os.FileMode bits in the engine's stat
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,25 +38,6 @@ class Interpreter:
     path: str          # as the image would run it (a venv's own bin/python, not its target)
     binary: str        # the file it resolves to
     venv: str | None   # the pyvenv.cfg that gives it its own environment
-
-
-def image_env(config: Mapping[str, Any]) -> dict[str, str]:
-    return dict(e.split("=", 1) for e in config.get("Env") or () if "=" in e)
-
-
-def image_argv(config: Mapping[str, Any]) -> list[str]:
-    """What a container of the image runs: Entrypoint + Cmd (Cmd alone without an Entrypoint)."""
-    entrypoint = list(config.get("Entrypoint") or ())
-    return entrypoint + list(config.get("Cmd") or ()) if entrypoint else list(config.get("Cmd") or ())
-
-
-def search_dirs(config: Mapping[str, Any]) -> list[str]:
-    """VIRTUAL_ENV's bin, the image's PATH, then the usual roots; each once, in that order."""
-    env = image_env(config)
-    dirs = [env["VIRTUAL_ENV"].rstrip("/") + "/bin"] if env.get("VIRTUAL_ENV") else []
-    dirs += [d for d in env.get("PATH", DEFAULT_PATH).split(":") if d.startswith("/")]
-    dirs += COMMON_BINS
-    return list(dict.fromkeys(posixpath.normpath(d) for d in dirs))
 
 
 def is_python_name(path: str) -> bool:
@@ -170,10 +149,10 @@ def _venv_cfgs(path: str) -> list[str]:
 
 
 def _binary(path: str, stat: Mapping[str, Any] | None) -> str | None:
-    if stat is None or int(stat.get("mode", 0)) & _GO_DIR:
+    if stat is None or int(stat.get("mode", 0)) & GO_DIR:
         return None
     target = str(stat.get("linkTarget") or "")
-    if int(stat.get("mode", 0)) & _GO_LINK and target:
+    if int(stat.get("mode", 0)) & GO_LINK and target:
         # dockerd reports the link fully resolved in the container; other engines may give it as written.
         return posixpath.normpath(posixpath.join(posixpath.dirname(path), target))
     return path
@@ -184,9 +163,9 @@ def _exists(stat: Mapping[str, Any] | None) -> bool:
 
 
 def _is_file(stat: Mapping[str, Any] | None) -> bool:
-    return stat is not None and not int(stat.get("mode", 0)) & _GO_DIR
+    return stat is not None and not int(stat.get("mode", 0)) & GO_DIR
 
 
 def is_small_file(stat: Mapping[str, Any] | None, limit: int = 1 << 16) -> bool:
     """A regular file small enough to be a script worth reading for its `#!` line."""
-    return stat is not None and not int(stat.get("mode", 0)) & (_GO_DIR | _GO_LINK) and int(stat.get("size", 0)) <= limit
+    return stat is not None and not int(stat.get("mode", 0)) & (GO_DIR | GO_LINK) and int(stat.get("size", 0)) <= limit

@@ -1,0 +1,169 @@
+"""The code keeps to the layout docs/design.md draws (fast tier): every import between units is
+one its table allows (function-level and TYPE_CHECKING imports included), and no two modules
+import each other, directly or round a longer loop."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "dspark_patch"
+DESIGN = ROOT / "docs" / "design.md"
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        found[".".join(parts)] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _imports(module: str, path: Path) -> set[str]:
+    """The modules of ours `module` imports anywhere in its body, resolved to real modules."""
+    is_package = path.name == "__init__.py"
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".") if is_package else module.split(".")[:-1]
+                base = base[:len(base) - (node.level - 1)]
+                prefix = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                prefix = node.module or ""
+            names = [f"{prefix}.{a.name}" if f"{prefix}.{a.name}" in MODULES else prefix for a in node.names]
+        for name in names:
+            if name != "dspark_patch" and not name.startswith("dspark_patch."):
+                continue
+            while name not in MODULES and "." in name:
+                name = name.rsplit(".", 1)[0]
+            out.add(name)
+    return out
+
+
+def unit(module: str) -> str:
+    parts = module.split(".")[1:]
+    if not parts:
+        return "dspark_patch"
+    if parts[:2] == ["targets", "docker"]:
+        return "targets.docker"
+    return parts[0]
+
+
+def allowed_table(text: str) -> dict[str, set[str]]:
+    section = text.split("## Who may import whom", 1)[1].split("\n## ", 1)[0]
+    table: dict[str, set[str]] = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 2 and cells[0].startswith("`"):
+            table[cells[0].strip("`")] = set(re.findall(r"`([^`]+)`", cells[1]))
+    return table
+
+
+GRAPH = {m: _imports(m, p) for m, p in MODULES.items()}
+
+
+def test_the_design_table_names_every_unit_and_only_real_ones() -> None:
+    table = allowed_table(DESIGN.read_text(encoding="utf-8"))
+    units = {unit(m) for m in MODULES} - {"dspark_patch"}
+    assert set(table) == units
+    assert set().union(*table.values()) <= units | {"dspark_patch"}
+
+
+def test_every_import_between_units_is_one_the_design_table_allows() -> None:
+    table = allowed_table(DESIGN.read_text(encoding="utf-8"))
+    against = sorted(f"{m} imports {t} ({unit(m)} -> {unit(t)})"
+                     for m, targets in GRAPH.items() for t in targets
+                     if unit(m) != unit(t) and unit(m) != "dspark_patch" and unit(t) not in table[unit(m)])
+    assert against == []
+
+
+def test_no_import_cycle_between_modules() -> None:
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(GRAPH[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for module in sorted(GRAPH):
+        if module not in index:
+            visit(module)
+    assert cycles == []
+
+
+def test_the_checker_sees_function_level_relative_and_type_checking_imports() -> None:
+    # What the checks above rest on: the lazy factory import, a TYPE_CHECKING one, a parent-relative one.
+    assert "dspark_patch.targets.docker.store" in GRAPH["dspark_patch.targets"]
+    assert "dspark_patch.targets.base" in GRAPH["dspark_patch.status.fleet"]
+    assert "dspark_patch.imageref" in GRAPH["dspark_patch.targets.docker.transfer"]
+    assert not any(unit(t) == "targets.docker" for m in GRAPH if unit(m) == "pipeline" for t in GRAPH[m])
+
+
+def test_pipeline_and_status_reach_images_only_through_the_store() -> None:
+    for module, path in MODULES.items():
+        if unit(module) in ("pipeline", "status"):
+            text = path.read_text(encoding="utf-8")
+            assert ".attrs" not in text and "targets.docker" not in text, module
+
+
+def test_the_table_reader_reads_rows_and_empty_cells() -> None:
+    table = allowed_table("## Who may import whom\n| unit | may import |\n|---|---|\n| `a` | `b`, `c` |\n| `b` | |\n")
+    assert table == {"a": {"b", "c"}, "b": set()}
+
+
+# Scripts that run on their own have their own stdout: inside/ runs in the target (its JSON on
+# stdout is its answer) and references/build.py is the maintainers' command that makes the data.
+OWN_STDOUT = ("dspark_patch.inside", "dspark_patch.references.build")
+
+
+def _prints(path: Path) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        what = ast.unparse(f)
+        if (isinstance(f, ast.Name) and f.id in ("print", "Console")) or what in (
+                "typer.echo", "typer.secho", "sys.stdout.write", "sys.stderr.write", "click.echo") or (
+                isinstance(f, ast.Attribute) and f.attr == "print"):
+            found.append(f"{path.relative_to(ROOT)}:{node.lineno} {what}(...)")
+    return found
+
+
+def test_only_cli_output_prints() -> None:
+    printing = [hit for module, path in sorted(MODULES.items())
+                if module != "dspark_patch.cli.output" and not module.startswith(OWN_STDOUT)
+                for hit in _prints(path)]
+    assert printing == []
+    assert _prints(MODULES["dspark_patch.cli.output"])  # the checker sees print calls where they are
