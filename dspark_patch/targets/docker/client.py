@@ -54,8 +54,10 @@ class DockerEngine:
         try:
             # The SDK's default is 60 s a request; an engine busy saving or loading gigabytes
             # for other clients can take longer to answer a removal or an inspect.
+            # from_env asks the engine's API version (GET /version): that already proves it answers.
             self.client = client or docker.from_env(timeout=ENGINE_TIMEOUT_S)
-            self.client.ping()
+            if client is not None:
+                self.client.ping()
         except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
             raise EngineUnreachable(
                 f"cannot reach a Docker engine at {self.host}: {reason(exc)}",
@@ -126,7 +128,7 @@ class DockerEngine:
 
     def tag(self, image_id: str, name: str) -> None:
         repository, tag = _split_tag(name)
-        self.client.images.get(image_id).tag(repository, tag)
+        self.client.api.tag(image_id, repository, tag)  # one call (images.get(...).tag is an inspect first)
 
     def push(self, tag: str) -> str:
         """Push `tag` to its registry; returns the pushed manifest digest (sha256:...)."""
