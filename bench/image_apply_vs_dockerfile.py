@@ -1,10 +1,13 @@
 """Benchmark: `dspark-patch apply --image` against the least a user could do by hand.
 
 By hand means: a Dockerfile FROM the fixture image that COPYs the patched files in and
-byte-compiles them (`docker build`), plus one container start that imports torch (the
-smallest stand-in for our probe). Both start from the same fixture image and patch set.
-Prints both wall times and their ratio (target: at most 1.2x), and the size of the layer we
-commit against the bytes of the patched files plus their bytecode.
+byte-compiles them (`docker build --no-cache`: a cached build would patch nothing), plus one
+container start that imports torch (the smallest stand-in for our probe). Both start from the
+same fixture image and patch set, alternately, ROUNDS times (default 5). Prints the median and
+the fastest of each side and their ratio (target: at most 1.2x, on the medians), where each
+side's time goes (ours: the audit report's step timings, plus the process's own start and
+report writing; by hand: the build and the run), the machine's load, and the size of the layer
+we commit against the bytes of the patched files plus their bytecode.
 
 Run: .venv/bin/python bench/image_apply_vs_dockerfile.py [ROUNDS]   (needs the engine and fixture images)
 Not a test: timings vary with the machine; read the figures side by side.
@@ -41,15 +44,15 @@ def _timed(argv: list[str], **kwargs) -> tuple[float, subprocess.CompletedProces
     return time.perf_counter() - start, done
 
 
-def ours(fixture: str, report_dir: Path) -> float:
+def ours(fixture: str, report_dir: Path) -> tuple[float, dict]:
     seconds, done = _timed([str(ROOT / ".venv" / "bin" / "dspark-patch"), "apply", "--image", fixture,
                             "--tag", OURS_TAG, "--force", "--report-dir", str(report_dir)])
     if done.returncode != 0:
         sys.exit(f"dspark-patch apply failed (exit {done.returncode}):\n{done.stdout}\n{done.stderr[-3000:]}")
-    return seconds
+    return seconds, json.loads((report_dir / "audit.json").read_text())
 
 
-def by_hand(fixture: str, context: Path) -> tuple[float, int]:
+def by_hand(fixture: str, context: Path) -> tuple[dict[str, float], int]:
     # The patched files come from the same plan, computed on the host from the real wheel's tree.
     tree = vllm.installed_tree("0.33.0")
     plan = plan_patch(parse_diff(PATCH.read_bytes(), strip=1),
@@ -66,14 +69,16 @@ def by_hand(fixture: str, context: Path) -> tuple[float, int]:
     lines += [f"RUN python3 -m py_compile {targets}", "USER vllm"]
     (context / "Dockerfile").write_text("\n".join(lines) + "\n")
     env = {**os.environ, "DOCKER_BUILDKIT": "0"}
-    build_s, done = _timed(["docker", "build", "--quiet", "--network", "none", "-t", HAND_TAG, str(context)], env=env)
+    # --no-cache: every round builds (the second round would otherwise be two cache hits, 0.1 s).
+    build_s, done = _timed(["docker", "build", "--no-cache", "--quiet", "--network", "none", "-t", HAND_TAG,
+                            str(context)], env=env)
     if done.returncode != 0:
         sys.exit(f"docker build failed:\n{done.stderr[-3000:]}")
     probe_s, done = _timed(["docker", "run", "--rm", "--network", "none", "--entrypoint", "python3",
                             "-e", "CUDA_VISIBLE_DEVICES=", HAND_TAG, "-c", "import torch; torch.ones(1)"])
     if done.returncode != 0:
         sys.exit(f"importing torch in the hand-built image failed:\n{done.stderr[-3000:]}")
-    return build_s + probe_s, payload
+    return {"docker build": build_s, "docker run (torch)": probe_s}, payload
 
 
 def added_bytes(engine: DockerEngine, ref: str, base: str) -> int:
@@ -83,47 +88,68 @@ def added_bytes(engine: DockerEngine, ref: str, base: str) -> int:
     return sum(int(entry["Size"]) for entry in history[:added])
 
 
+def load() -> str:
+    return Path("/proc/loadavg").read_text().split(" ", 3)[0] if Path("/proc/loadavg").is_file() else "?"
+
+
 def main() -> None:
-    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 5
     fixture = images.fixture_image()
     engine = DockerEngine()
     hand_runs: list[float] = []
     ours_runs: list[float] = []
-    report: dict = {}
+    hand_steps: dict[str, list[float]] = {}
+    our_steps: dict[str, list[float]] = {}
+    reports: list[dict] = []
+    loads = [load()]
     with tempfile.TemporaryDirectory() as tmp:
         # Alternately, so that a busy spell of a shared machine falls on both sides.
         for i in range(rounds):
-            hand_s, payload = by_hand(fixture, Path(tmp) / f"context-{i}")
-            hand_runs.append(hand_s)
-            ours_runs.append(ours(fixture, Path(tmp) / f"report-{i}"))
-            audit = Path(tmp) / f"report-{i}" / "audit.json"
-            report = json.loads(audit.read_text()) if audit.is_file() else {}
+            steps, payload = by_hand(fixture, Path(tmp) / f"context-{i}")
+            hand_runs.append(sum(steps.values()))
+            for name, seconds in steps.items():
+                hand_steps.setdefault(name, []).append(seconds)
+            wall, report = ours(fixture, Path(tmp) / f"report-{i}")
+            ours_runs.append(wall)
+            reports.append(report)
+            for step in report["steps"]:
+                our_steps.setdefault(step["name"], []).append(step["seconds"])
+            # What the steps do not cover: the interpreter's start and imports, the report's files.
+            our_steps.setdefault("(process start, report files)", []).append(
+                wall - sum(step["seconds"] for step in report["steps"]))
+            loads.append(load())
     try:
         ours_layer = added_bytes(engine, OURS_TAG, fixture)
         hand_layer = added_bytes(engine, HAND_TAG, fixture)
     finally:
         for tag in (OURS_TAG, HAND_TAG):
             engine.remove_image(tag, force=True)
-    # The fastest round of each: on a shared machine the least disturbed one says most.
-    ours_s, hand_s = min(ours_runs), min(hand_runs)
-    steps = {s["name"]: s["seconds"] for s in report.get("steps", ())}
+    median = statistics.median
+    ours_m, hand_m = median(ours_runs), median(hand_runs)
     print(f"fixture image                 {fixture}")
-    print(f"rounds                        {rounds} (the fastest of each side; all: {', '.join(f'{o:.2f}/{h:.2f}' for o, h in zip(ours_runs, hand_runs, strict=True))} s ours/by hand)")
-    print(f"dspark-patch apply --image    {ours_s:7.2f} s   (plan, hash checks, compile, probe, layer check, commit)")
-    print(f"Dockerfile COPY + py_compile  {hand_s:7.2f} s   (docker build + one run importing torch)")
-    print(f"ratio ours / by hand          {ours_s / hand_s:7.2f}x  (target <= 1.2x; medians "
-          f"{statistics.median(ours_runs):.2f} / {statistics.median(hand_runs):.2f} s, "
-          f"{statistics.median(ours_runs) / statistics.median(hand_runs):.2f}x)")
-    if steps:
-        print("our last run's steps          " + ", ".join(f"{k} {v:.2f}" for k, v in steps.items())
-              + "  (the probe step waits only for what is left after its early start)")
-    early = [n for n in report.get("notes", ()) if "started early" in n]
-    print(f"probe started early           {'no: ' + early[0] if early else 'yes (imports overlapped locate .. layer)'}")
+    print(f"rounds                        {rounds}, alternating (all: "
+          f"{', '.join(f'{o:.2f}/{h:.2f}' for o, h in zip(ours_runs, hand_runs, strict=True))} s ours/by hand)")
+    print(f"load average (1 min)          {' '.join(loads)}  (before the first round, then after each)")
+    print(f"dspark-patch apply --image    {ours_m:7.2f} s median, {min(ours_runs):.2f} fastest "
+          "(plan, hash checks, compile, layer, probe, commit)")
+    print(f"Dockerfile COPY + py_compile  {hand_m:7.2f} s median, {min(hand_runs):.2f} fastest "
+          "(docker build --no-cache + one run importing torch)")
+    print(f"ratio ours / by hand          {ours_m / hand_m:7.2f}x medians (target <= 1.2x), "
+          f"{min(ours_runs) / min(hand_runs):.2f}x fastest")
+    print("where the time goes (medians, s):")
+    for name, values in hand_steps.items():
+        print(f"  by hand  {name:<30} {median(values):6.2f}")
+    for name, values in our_steps.items():
+        print(f"  ours     {name:<30} {median(values):6.2f}")
+    print("  (our probe step is what is left of the probe after its early start: its interpreter, torch import"
+          " and source compile overlap open target .. layer)")
+    unused = [n for r in reports for n in r.get("notes", ()) if "started early" in n]
+    print(f"probe started early           {'no: ' + unused[0] if unused else f'yes, in every round ({rounds})'}")
     print(f"patched files (post-images)   {payload:7d} bytes")
     print(f"our committed layer           {ours_layer:7d} bytes  (files + bytecode + folders)")
     print(f"by-hand layers (COPY + RUN)   {hand_layer:7d} bytes")
-    if report.get("status"):
-        print(f"our report status             {report['status']}")
+    print(f"our report status             {', '.join(sorted({r['status'] for r in reports}))}")
+
 
 if __name__ == "__main__":
     main()

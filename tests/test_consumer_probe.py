@@ -172,3 +172,33 @@ def test_interpreter_without_torch_is_an_environment_problem(patched):
     # -S leaves the venv's site-packages (and so torch) off sys.path.
     run = probe("--site", str(patched), python=[sys.executable, "-S", "-B", str(PROBE)])
     assert run.returncode == 3 and "torch is not importable" in run.stderr
+
+
+def test_census_reads_the_modules_rglob_finds(tmp_path):
+    # The census lists the tree with os.walk (pathlib's rglob is Python per entry: seconds under
+    # emulation); which modules it reads decides its verdict, so the two must agree, odd entries
+    # included: a folder named *.py, links to files and folders (never followed into), a dangling
+    # link, a hidden `.py`, bytecode folders (skipped), names that only look alike.
+    site = tmp_path / "site"
+    vllm_dir = site / "vllm"
+    for folder in ("a/__pycache__/deep", "dir.py/inner", "b"):
+        (vllm_dir / folder).mkdir(parents=True)
+    (tmp_path / "outside").mkdir()
+    for name in ("a/x.py", "a/__pycache__/y.py", "a/__pycache__/deep/z.py", "dir.py/inner/q.py", "b/.py",
+                 "b/c.PY", "b/d.py", "b/e.pyc", "b/sp ace.py", "a-b.py", "a.py"):
+        (vllm_dir / name).write_text("")
+    (tmp_path / "outside" / "out.py").write_text("")
+    (vllm_dir / "b" / "linkdir").symlink_to(tmp_path / "outside")
+    (vllm_dir / "linkdir.py").symlink_to(tmp_path / "outside")
+    (vllm_dir / "b" / "link.py").symlink_to(vllm_dir / "a.py")
+    (vllm_dir / "b" / "broken.py").symlink_to(tmp_path / "nowhere")
+    check = ("import sys; from pathlib import Path; sys.path.insert(0, sys.argv[1]); import probe_census; "
+             "site = Path(sys.argv[2]); "
+             "want = [p.relative_to(site).as_posix() for p in sorted((site / 'vllm').rglob('*.py')) "
+             "if '__pycache__' not in p.parts]; "
+             "print(want == probe_census._python_files(site, 'vllm'), want)")
+    done = subprocess.run([sys.executable, "-B", "-c", check, str(PATCH_DIR), str(site)],
+                          capture_output=True, text=True, check=True)
+    agree, _, listed = done.stdout.partition(" ")
+    assert agree == "True", done.stdout
+    assert "vllm/dir.py" in listed and "vllm/b/broken.py" in listed and "out.py" not in listed and "y.py" not in listed

@@ -332,5 +332,26 @@ def params_of(fn: ast.FunctionDef) -> set[str]:
     return {x.arg for x in [*a.posonlyargs, *a.args, *a.kwonlyargs] if x is not None}
 
 
+def walk_with_parents(root: ast.AST) -> tuple[list[ast.AST], dict[ast.AST, ast.AST]]:
+    """Every node in `ast.walk`'s order (breadth first, fields in order), and each one's parent,
+    in one pass: the census walks whole modules, and `ast.walk` with `iter_child_nodes` is a
+    generator per node (under emulation, seconds per big module)."""
+    nodes: list[ast.AST] = [root]
+    parents: dict[ast.AST, ast.AST] = {}
+    AST = ast.AST
+    for node in nodes:  # grows while it is read: the queue of a breadth-first walk
+        for name in node._fields:
+            value = getattr(node, name, None)
+            if isinstance(value, list):
+                for item in value:
+                    if isinstance(item, AST):
+                        parents[item] = node
+                        nodes.append(item)
+            elif isinstance(value, AST):
+                parents[value] = node
+                nodes.append(value)
+    return nodes, parents
+
+
 def parents_map(root: ast.AST) -> dict[ast.AST, ast.AST]:
-    return {child: node for node in ast.walk(root) for child in ast.iter_child_nodes(node)}
+    return walk_with_parents(root)[1]

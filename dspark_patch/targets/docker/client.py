@@ -45,8 +45,10 @@ class DockerEngine:
         try:
             # The SDK's default is 60 s a request; an engine busy saving or loading gigabytes
             # for other clients can take longer to answer a removal or an inspect.
+            # from_env asks the engine's API version (GET /version): that already proves it answers.
             self.client = client or docker.from_env(timeout=ENGINE_TIMEOUT_S)
-            self.client.ping()
+            if client is not None:
+                self.client.ping()
         except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
             raise EngineUnreachable(
                 f"cannot reach a Docker engine at {self.host}: {reason(exc)}",
@@ -118,7 +120,7 @@ class DockerEngine:
 
     def tag(self, image_id: str, name: str) -> None:
         ref = ImageRef.parse(name)
-        self.client.images.get(image_id).tag(ref.name, ref.tag_or_latest)
+        self.client.api.tag(image_id, ref.name, ref.tag_or_latest)  # one call (images.get(...).tag is an inspect first)
 
     def push(self, tag: str) -> str:
         """Push `tag` to its registry; returns the pushed manifest digest (sha256:...)."""

@@ -92,6 +92,7 @@ class WorkContainer:
         self._container: Container | None = None
         self._term = terminate_raises()
         self._has_timeout: bool | None = None
+        self._timeout_check: threading.Thread | None = None
         self.notes: list[str] = []
 
     # --- lifecycle ----------------------------------------------------------------------
@@ -123,6 +124,11 @@ class WorkContainer:
         except BaseException:
             self._remove()
             raise
+        # Whether the image has `timeout` is asked now, beside what the tool does next (load the
+        # patch set, prepare the probe's early start), so the first exec, that early start, need
+        # not wait for three more round trips first.
+        self._timeout_check = threading.Thread(target=self._check_timeout, daemon=True)
+        self._timeout_check.start()
 
     def _remove(self, *, keep_allowed: bool = True) -> None:
         container, self._container = self._container, None
@@ -242,10 +248,22 @@ class WorkContainer:
                                           f"{self.python} IMAGE -c pass") from exc
 
     def _timeout_available(self) -> bool:
-        if self._has_timeout is None:
+        check, self._timeout_check = self._timeout_check, None
+        if check is not None:
+            check.join()
+        if self._has_timeout is None:  # not asked yet, or the early ask failed: ask (and fail) here
+            self._check_timeout(quiet=False)
+        assert self._has_timeout is not None
+        return self._has_timeout
+
+    def _check_timeout(self, *, quiet: bool = True) -> None:
+        try:
             api = self.container.client.api
             exec_id = self._exec_create(["timeout", "--help"])
             api.exec_start(exec_id)
             code = api.exec_inspect(exec_id)["ExitCode"]
-            self._has_timeout = code in (0, 1)  # busybox prints usage and exits 1
-        return self._has_timeout
+        except Exception:
+            if quiet:  # the calling thread asks again and gets the error itself
+                return
+            raise
+        self._has_timeout = code in (0, 1)  # busybox prints usage and exits 1
