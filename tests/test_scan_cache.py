@@ -230,3 +230,28 @@ def test_a_decompression_bomb_an_endless_layer_and_a_million_layers_are_one_line
         assert row.error is not None and says in row.error and "\n" not in row.error, row.error
         assert row.exit_code in (1, 2) and not row.patch_sets
     assert not [p for p in tmp_path.rglob("*") if p.is_file() and p.stat().st_size > 1 << 20]
+
+
+def test_the_cli_reads_a_registry_with_no_engine_and_auto_does_too(trees, tmp_path: Path) -> None:
+    import json
+
+    from tests.support.cli import run
+
+    served, _ = oci.served_image([python_layer(), site_layer(trees["patched"])], config=CONFIG)
+    env = {"DOCKER_HOST": "tcp://127.0.0.1:9", "DSPARK_PATCH_CACHE": str(tmp_path / "cache")}
+    with fake_registry(served) as (address, _seen):
+        ref = f"{address}/{REF}"
+        rows = []
+        for via in ("registry", "auto"):
+            res = run("status", "--json", "--image", ref, "--via", via, env=env)
+            assert "Traceback" not in res.stderr, res.stderr
+            (row,) = json.loads(res.stdout)["images"]
+            assert row["ref"] == ref and row["error"] is None and row["platform"] == "linux/amd64", row
+            assert row["patch_sets"]["dspark-skip-mtp-buffer"] == "applied"
+            rows.append(row)
+        assert rows[0] == rows[1]
+    # An image named without a registry, with no engine: the engine's own exit 3, as before.
+    assert "cannot reach a Docker engine" in run("status", "--image", "local:1", env=env).assert_clean_error(3)
+    assert "--via registry" in run("status", "--image", "a/b:1", "--via", "registry", "--pull", "missing",
+                                   env=env).assert_clean_error(2)
+    assert "not a size" in run("status", "--image", "a/b:1", "--cache-max", "lots", env=env).assert_clean_error(2)

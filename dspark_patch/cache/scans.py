@@ -46,12 +46,11 @@ _SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
 
 
 def default_root() -> Path:
-    """$DSPARK_PATCH_CACHE, else the user cache folder's dspark-patch/scans."""
+    """`scans/` in the project's cache folder, $DSPARK_PATCH_CACHE (default ~/.cache/dspark-patch,
+    where the wheels and images of scripts/ and tests/ are kept too)."""
     given = os.environ.get(ENV_ROOT, "").strip()
-    if given:
-        return Path(given)
-    base = os.environ.get("XDG_CACHE_HOME", "").strip() or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "dspark-patch" / "scans"
+    base = Path(given) if given else Path(os.path.expanduser("~")) / ".cache" / "dspark-patch"
+    return base / "scans"
 
 
 def parse_size(text: str, what: str) -> int:
@@ -82,6 +81,10 @@ class ScanCache:
     def _path(self, diff_id: str) -> Path:
         name = hashlib.sha256(f"{self.identity}\n{diff_id}".encode()).hexdigest()
         return self.root / name[:2] / f"{name}.scan"
+
+    def has(self, diff_id: str) -> bool:
+        """Whether an entry is there (cheap: not read, not checked; `get` may still miss)."""
+        return _DIGEST.fullmatch(diff_id) is not None and self.max_bytes > 0 and self._path(diff_id).is_file()
 
     def get(self, diff_id: str) -> LayerScan | None:
         if not _DIGEST.fullmatch(diff_id) or self.max_bytes <= 0:

@@ -37,7 +37,7 @@ def status(
     pull: Annotated[str, typer.Option("--pull", help="never (default: read only what the engine has), missing, always.")] = "never",
     jobs: Annotated[int, typer.Option("--jobs", min=1, max=64, help="Images read at once (--via container).")] = 4,
     via: Annotated[str, typer.Option("--via", help="auto (default: container for one image, layers for several; registry when no engine answers or an image is only in its registry), layers (one save of all images' layers: a layer shared by many is read once), container (a never-started container per image, read through the archive API) or registry (manifests and layers straight from the registry, no engine; every platform of an index unless --platform).")] = "auto",
-    cache_max: Annotated[str | None, typer.Option("--cache-max", help="Bound of the layer-scan cache (DSPARK_PATCH_CACHE), e.g. 500M or 2G; 0 turns it off. Default: DSPARK_PATCH_CACHE_MAX, else 1G.")] = None,
+    cache_max: Annotated[str | None, typer.Option("--cache-max", help="Bound of the layer-scan cache ($DSPARK_PATCH_CACHE/scans, default ~/.cache/dspark-patch/scans), e.g. 500M or 2G; 0 turns it off. Default: DSPARK_PATCH_CACHE_MAX, else 1G.")] = None,
     as_json: common.JsonOpt = False,
     report_dir: Annotated[Path | None, typer.Option("--report-dir", help="Write status.json, status.md and junit.xml here.")] = None,
     junit: common.JunitOpt = None,

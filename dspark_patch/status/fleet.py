@@ -208,12 +208,15 @@ def _read_engine(request: StatusRequest, patchsets: Sequence[PatchSet], progress
             progress(ref, "done", rows[ref])  # type: ignore[arg-type]
 
     # One image: its site folder through the archive API is the cheaper read (the engine sends
-    # about half what a save of all its layers is). Several: one save shares their common layers.
+    # about half what a save of all its layers is), unless the scan cache holds all its layers
+    # (then nothing is read at all). Several: one save shares their common layers.
     # --platform is handed to the engine's create, so it needs the container route.
+    cache = scan_cache(request, patchsets)
     via = request.via if request.via != "auto" else (
-        "layers" if len(by_id) > 1 and request.platform is None else "container")
+        "container" if request.platform is not None else "layers" if len(by_id) > 1 or all(
+            _all_cached(engine, image_id, cache) for image_id in by_id) else "container")
     if via == "layers" and by_id:
-        return {**rows, **_read_layers(engine, by_id, patchsets, progress, scan_cache(request, patchsets))}
+        return {**rows, **_read_layers(engine, by_id, patchsets, progress, cache)}
 
     def read_one(image_id: str, names: list[str]) -> ImageStatus:
         ref = names[0]
@@ -293,6 +296,11 @@ def _read_layers(engine: DockerEngine, by_id: dict[str, list[str]], patchsets: S
             rows[name] = named = replace(row, ref=name)
             progress(name, "done", named)
     return rows
+
+
+def _all_cached(engine: DockerEngine, image_id: str, cache: ScanCache) -> bool:
+    diff_ids = engine.image_info(image_id).diff_ids
+    return bool(diff_ids) and all(cache.has(d) for d in diff_ids)
 
 
 def _platform(engine: DockerEngine, image_id: str) -> str:

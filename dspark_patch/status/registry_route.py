@@ -31,6 +31,10 @@ from ..registry.index import Registry, RegistryUnreachable, registry_host
 from ..registry.manifest import Manifest, parse_index
 from ..registry.platform_select import Platform, UnknownPlatform, select
 from ..report.status_model import ImageStatus
+
+# targets/sitepath.py (via layerfs.find_site) stands on targets/docker, whose package imports
+# sitepath back: the package is loaded first, as the engine routes load it.
+from ..targets import docker as _docker_package  # noqa: F401
 from ..targets.layerfs import find_site, merge_scans, status_keep
 from ..targets.layers import LayerScan, scan_layer
 
