@@ -143,3 +143,29 @@ def test_an_index_gives_one_row_per_platform_equal_to_the_engine_route(login_reg
     _, only, _ = _status("--image", index.ref, "--via", "registry", "--platform", "linux/arm64", env=env)
     assert [_same(r) for r in only] == [_same(rows[1])]
     subprocess.run(["docker", "rmi", f"{address}/team/vllm-multi:0.33.0-amd64"], capture_output=True, check=False)
+
+
+def _events(since: str, until: str, kind: str) -> list[str]:
+    out = subprocess.run(["docker", "events", "--since", since, "--until", until, "--filter", f"type={kind}",
+                          "--format", "{{.Action}} {{.Actor.ID}} {{.From}}"], capture_output=True, text=True, check=True)
+    return out.stdout.splitlines()
+
+
+def test_a_warm_cache_reads_no_layer_from_the_engine_and_says_the_same(fleet: dict[str, str], tmp_path: Path) -> None:
+    import time
+
+    env = {"DSPARK_PATCH_CACHE": str(tmp_path / "cache")}
+    refs = [a for k in ("patched", "edited", "added") for a in ("--image", fleet[k])]
+    code, cold, _ = _status(*refs, "--via", "layers", env=env)
+    assert code == 1 and [r["error"] for r in cold] == [None, None, None]
+    since = str(int(time.time()))
+    time.sleep(1)
+    code_w, warm, _ = _status(*refs, "--via", "layers", env=env)
+    _, one, _ = _status("--image", fleet["edited"], env=env)  # auto, one image, all its layers cached
+    time.sleep(1)
+    until = str(int(time.time()) + 1)
+    assert code_w == code and warm == cold and one == [cold[1]]
+    ids = {r["id"] for r in cold} | {r["id"].removeprefix("sha256:") for r in cold} | {r["ref"] for r in cold}
+    # No `docker save` and no container: the engine was only asked for the images' inspect.
+    assert not [e for e in _events(since, until, "image") if e.split()[0] == "save" and any(i in e for i in ids)]
+    assert not [e for e in _events(since, until, "container") if any(i in e for i in ids)]

@@ -35,7 +35,7 @@ def status(
     root: Annotated[list[Path] | None, typer.Option("--root", help="A local site-packages folder; repeat for many.")] = None,
     platform: Annotated[str | None, typer.Option("--platform", help="os/arch passed to the engine when it makes the (never started) container; with --via registry, the platforms of an index to read (a comma list; default all).")] = None,
     pull: Annotated[str, typer.Option("--pull", help="never (default: read only what the engine has), missing, always.")] = "never",
-    jobs: Annotated[int, typer.Option("--jobs", min=1, max=64, help="Images read at once (--via container).")] = 4,
+    jobs: Annotated[int, typer.Option("--jobs", min=1, max=64, help="Images read at once (--via container, --via registry).")] = 4,
     via: Annotated[str, typer.Option("--via", help="auto (default: container for one image, layers for several; registry when no engine answers or an image is only in its registry), layers (one save of all images' layers: a layer shared by many is read once), container (a never-started container per image, read through the archive API) or registry (manifests and layers straight from the registry, no engine; every platform of an index unless --platform).")] = "auto",
     cache_max: Annotated[str | None, typer.Option("--cache-max", help="Bound of the layer-scan cache ($DSPARK_PATCH_CACHE/scans, default ~/.cache/dspark-patch/scans), e.g. 500M or 2G; 0 turns it off. Default: DSPARK_PATCH_CACHE_MAX, else 1G.")] = None,
     as_json: common.JsonOpt = False,
@@ -48,7 +48,7 @@ def status(
     Exit 0: every image read and clean; 1: an image has unexplained, missing or added files (against
     the published wheel), RECORD rows or bytecode that disagree, no reference for its release, a
     drifted or partial patch set, or no vLLM; 2: bad input (a missing image, a malformed RECORD);
-    3: the engine."""
+    3: the engine or a registry (unreachable, refused, a blob that is not its digest)."""
     if via not in ("auto", "layers", "container", "registry"):
         raise BadInput(f"--via {via!r}: choose auto, layers, container or registry")
     if via == "layers" and platform is not None:
