@@ -70,6 +70,7 @@ class ScanCache:
         self.max_bytes = max_bytes
         self.hits = 0
         self.stores = 0
+        self._total: int | None = None   # bytes in the cache as this run last counted them
 
     @classmethod
     def from_env(cls, identity: str, max_bytes: int | None = None) -> ScanCache:
@@ -125,9 +126,17 @@ class ScanCache:
         except OSError:
             return
         self.stores += 1
-        self._evict()
+        # Counted once a run, then kept up to date: a fleet's thousand puts do not list the
+        # folder a thousand times. Another run's writes are seen at the next count.
+        if self._total is None:
+            self._total = self._evict()
+        else:
+            self._total += len(body)
+            if self._total > self.max_bytes:
+                self._total = self._evict()
 
-    def _evict(self) -> None:
+    def _evict(self) -> int:
+        """Remove the least recently used entries while over the bound; the bytes left."""
         entries = []
         total = 0
         try:
@@ -144,15 +153,16 @@ class ScanCache:
                     total += stat.st_size
                     entries.append((stat.st_mtime, stat.st_size, item))
         except OSError:
-            return
+            return total
         if total <= self.max_bytes:
-            return
+            return total
         for _, size, item in sorted(entries, key=lambda e: e[0]):
             if total <= self.max_bytes * 0.9:
                 break
             with contextlib.suppress(OSError):
                 item.unlink()
                 total -= size
+        return total
 
 
 # --- the entry format: MAGIC, sha256 of the rest, zlib of JSON ---------------------------------
