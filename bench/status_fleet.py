@@ -1,17 +1,25 @@
-"""Benchmark: `dspark-patch status` on one image against a fleet of five.
+"""Benchmark: `dspark-patch status` on one image against a fleet of five, and big against small.
 
 The fleet is the fixture and four images built FROM it (each a one-file COPY: a different
 vLLM module edited), so all five are distinct images of the same size that share their lower
 layers, as tags of one serving image do. Prints the wall time of `status` for one image and
-for the fleet (--jobs 5), side by side, and their ratio (aim: under 2x), alternating rounds.
+for the fleet (--jobs 5), side by side, and their ratio (aim: under 2x), alternating rounds,
+for each route with a cold layer-scan cache (a fresh DSPARK_PATCH_CACHE each run) and, for the
+routes that use it (auto, layers), with a warm one (issue 19 item 4).
 
-Run: .venv/bin/python bench/status_fleet.py [ROUNDS]   (needs the engine and fixture images)
+With `--big`: also the fixture against `big` (the fixture on a ~3 GB, ~103,000-file lower
+layer, `scripts/build-images --big`, built once), on the default route and `--via layers`, cold
+and warm (aim: big / small at most 1.15x; issue 19 item 5).
+
+Run: .venv/bin/python bench/status_fleet.py [ROUNDS] [--big]   (needs the engine and fixture images)
 Not a test: timings vary with the machine; read the figures side by side.
 """
 
 from __future__ import annotations
 
+import os
 import secrets
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -25,7 +33,8 @@ from tests.support import images  # noqa: E402
 
 SITE = "/usr/local/lib/python3.11/dist-packages"
 CLI = str(ROOT / ".venv" / "bin" / "dspark-patch")
-VIAS = ("layers", "container")
+VIAS = ("auto", "layers", "container")
+CACHED = ("auto", "layers")   # the routes the scan cache serves
 
 
 def build_fleet(fixture: str, work: Path) -> list[str]:
@@ -42,38 +51,76 @@ def build_fleet(fixture: str, work: Path) -> list[str]:
     return refs
 
 
-def timed_status(refs: list[str], via: str) -> float:
+def timed_status(refs: list[str], via: str, cache: Path) -> float:
     argv = [CLI, "status", "--json", "--jobs", str(len(refs)), "--via", via]
     for ref in refs:
         argv += ["--image", ref]
     start = time.perf_counter()
-    done = subprocess.run(argv, capture_output=True, text=True)
+    done = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "DSPARK_PATCH_CACHE": str(cache)})
     seconds = time.perf_counter() - start
     if done.returncode not in (0, 1):
         sys.exit(f"dspark-patch status failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
     return seconds
 
 
+def cold(refs: list[str], via: str, work: Path) -> float:
+    cache = work / f"cold-{secrets.token_hex(4)}"
+    try:
+        return timed_status(refs, via, cache)
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+
+
+def warm(refs: list[str], via: str, work: Path) -> float:
+    cache = work / f"warm-{via}-{'-'.join(r.replace('/', '_') for r in refs)}"
+    if not cache.exists():
+        timed_status(refs, "layers", cache)  # fills it (the container route reads no layers)
+    return timed_status(refs, via, cache)
+
+
 def main() -> None:
-    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 2
+    args = [a for a in sys.argv[1:] if a != "--big"]
+    rounds = int(args[0]) if args else 2
     fixture = images.fixture_image()
+    big = None
+    if "--big" in sys.argv:
+        done = subprocess.run([str(ROOT / "scripts" / "build-images"), "--big"], capture_output=True, text=True)
+        if done.returncode != 0:
+            sys.exit(f"scripts/build-images --big failed:\n{done.stderr[-3000:]}")
+        big = dict(line.split(" ", 1) for line in done.stdout.splitlines())["big"]
+    times: dict[tuple[str, str, int], list[float]] = {}
+    sizes: dict[tuple[str, str, str], list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        fleet = [fixture, *build_fleet(fixture, Path(tmp))]
+        work = Path(tmp)
+        fleet = [fixture, *build_fleet(fixture, work)]
         try:
-            times: dict[tuple[str, int], list[float]] = {}
             for _ in range(rounds):  # alternate so a load change on a shared machine hits all
                 for via in VIAS:
                     for refs in ([fixture], fleet):
-                        times.setdefault((via, len(refs)), []).append(timed_status(refs, via))
+                        times.setdefault((via, "cold", len(refs)), []).append(cold(refs, via, work))
+                        if via in CACHED:
+                            times.setdefault((via, "warm", len(refs)), []).append(warm(refs, via, work))
+                if big is not None:
+                    for via in CACHED:
+                        for name, ref in (("small", fixture), ("big", big)):
+                            sizes.setdefault((via, "cold", name), []).append(cold([ref], via, work))
+                            sizes.setdefault((via, "warm", name), []).append(warm([ref], via, work))
         finally:
             subprocess.run(["docker", "rmi", "-f", *fleet[1:]], capture_output=True, check=False)
+    n = len(fleet)
     for via in VIAS:
-        one, five = min(times[via, 1]), min(times[via, len(fleet)])
-        print(f"--via {via:<9} one image: {one:7.2f}s   fleet of {len(fleet)}: {five:7.2f}s   "
-              f"fleet / one: {five / one:5.2f}x  (aim: under 2x)")
-    print(f"one image, container / layers: {min(times['container', 1]) / min(times['layers', 1]):5.2f}x")
-    auto = min(times["layers", len(fleet)]) / min(times["container", 1])
-    print(f"--via auto (container for one, layers for the fleet): fleet / one: {auto:5.2f}x  (aim: under 2x)")
+        for state in ("cold", "warm"):
+            if (via, state, 1) not in times:
+                continue
+            one, many = min(times[via, state, 1]), min(times[via, state, n])
+            print(f"--via {via:<9} {state} cache  one image: {one:7.2f}s   fleet of {n}: {many:7.2f}s   "
+                  f"fleet / one: {many / one:5.2f}x  (aim: under 2x)")
+    print(f"one image, cold, container / layers: {min(times['container', 'cold', 1]) / min(times['layers', 'cold', 1]):5.2f}x")
+    for via in CACHED if sizes else ():
+        for state in ("cold", "warm"):
+            small, large = min(sizes[via, state, "small"]), min(sizes[via, state, "big"])
+            print(f"--via {via:<9} {state} cache  fixture: {small:7.2f}s   big (+3 GB, +103k files): {large:7.2f}s   "
+                  f"big / small: {large / small:5.2f}x  (aim: at most 1.15x)")
 
 
 if __name__ == "__main__":

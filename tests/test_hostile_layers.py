@@ -35,8 +35,9 @@ from dspark_patch.status.fleet import _error_row, row_from_site
 from dspark_patch.targets.docker.reader import views_from_save
 from dspark_patch.targets.layerfs import find_site, status_keep
 from dspark_patch.targets.layers import LayerView, Limits, merge, scan_layer
-from tests.support import hostile, vllm
+from tests.support import hostile, oci, vllm
 from tests.support.cli import run
+from tests.support.fake_registry import fake_registry
 from tests.support.hostile import Dir, File, Link, Opaque, Raw, Whiteout
 
 PATCH_ID = "dspark-skip-mtp-buffer"
@@ -125,7 +126,51 @@ def save_route(layers: Sequence[bytes], config: dict = CONFIG) -> ImageStatus:
     return row_of(views[image_id], config)
 
 
-ROUTES = {"layers": layer_route, "save": save_route}
+def registry_reader(cache_root: Path | None = None):
+    from dspark_patch.status.fleet import unreadable
+    from dspark_patch.status.registry_route import RegistryReader
+    from dspark_patch.targets.layerfs import status_keep_identity
+    from dspark_patch.targets.layers.cache import ScanCache
+
+    cache = ScanCache(cache_root or Path("/nonexistent"), identity=status_keep_identity("vllm"),
+                      max_bytes=(1 << 30) if cache_root else 0)
+    return RegistryReader(patchsets=PATCHSETS, keep_paths=frozenset(), cache=cache, platform=None,
+                          row=row_from_site, error_row=_error_row, unreadable=unreadable)
+
+
+def registry_route(layers: Sequence[bytes], config: dict = CONFIG) -> ImageStatus:
+    """Served as gzip blobs by a loopback HTTP registry, read by the registry route (no cache)."""
+    served, _ = oci.served_image(list(layers), config=config)
+    with fake_registry(served) as (address, _seen):
+        (row,) = registry_reader().read(f"{address}/test/img:v1") or ()
+    return replace(row, id="sha256:x", platform=None, ref="hostile:test")
+
+
+def cached_route(layers: Sequence[bytes], config: dict = CONFIG) -> ImageStatus:
+    """Each scan stored in the scan cache and read back in a fresh one before the merge."""
+    import tempfile
+
+    from dspark_patch.targets.layerfs import status_keep_identity
+    from dspark_patch.targets.layers.cache import ScanCache
+
+    identity = status_keep_identity("vllm")
+    with tempfile.TemporaryDirectory() as root:
+        try:
+            scans = []
+            for data in layers:
+                scan = scan_layer(io.BytesIO(data), where=f"layer {hostile.diff_id(data)[:19]}", keep=status_keep("vllm"))
+                ScanCache(Path(root), identity=identity).put(hostile.diff_id(data), scan)
+                again = ScanCache(Path(root), identity=identity).get(hostile.diff_id(data))
+                assert again == scan, "the cache gave back another scan"
+                scans.append(again)
+            view: LayerView | DsparkPatchError = merge(scans)
+        except DsparkPatchError as exc:
+            view = exc
+    return row_of(view, config)
+
+
+# "served": through the registry route (the tier of a real registry is for tests/test_status_registry.py)
+ROUTES = {"layers": layer_route, "save": save_route, "served": registry_route, "cached": cached_route}
 
 
 def findings(row: ImageStatus) -> bool:

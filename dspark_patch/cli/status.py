@@ -27,10 +27,11 @@ def status(
     image: Annotated[list[str] | None, typer.Option("--image", help="An image reference; repeat for many.")] = None,
     images_from: Annotated[Path | None, typer.Option("--images-from", help="A file with one image reference per line (# comments).")] = None,
     root: Annotated[list[Path] | None, typer.Option("--root", help="A local site-packages folder; repeat for many.")] = None,
-    platform: Annotated[str | None, typer.Option("--platform", help="os/arch passed to the engine when it makes the (never started) container.")] = None,
+    platform: Annotated[str | None, typer.Option("--platform", help="os/arch passed to the engine when it makes the (never started) container; with --via registry, the platforms of an index to read (a comma list; default all).")] = None,
     pull: Annotated[str, typer.Option("--pull", help="never (default: read only what the engine has), missing, always.")] = "never",
-    jobs: Annotated[int, typer.Option("--jobs", min=1, max=64, help="Images read at once (--via container).")] = 4,
-    via: Annotated[str, typer.Option("--via", help="auto (default: container for one image, layers for several), layers (one save of all images' layers: a layer shared by many is read once) or container (a never-started container per image, read through the archive API).")] = "auto",
+    jobs: Annotated[int, typer.Option("--jobs", min=1, max=64, help="Images read at once (--via container, --via registry).")] = 4,
+    via: Annotated[str, typer.Option("--via", help="auto (default: container for one image, layers for several; registry when no engine answers or an image is only in its registry), layers (one save of all images' layers: a layer shared by many is read once), container (a never-started container per image, read through the archive API) or registry (manifests and layers straight from the registry, no engine; every platform of an index unless --platform).")] = "auto",
+    cache_max: Annotated[str | None, typer.Option("--cache-max", help="Bound of the layer-scan cache ($DSPARK_PATCH_CACHE/scans, default ~/.cache/dspark-patch/scans), e.g. 500M or 2G; 0 turns it off. Default: DSPARK_PATCH_CACHE_MAX, else 1G.")] = None,
     as_json: common.JsonOpt = False,
     report_dir: Annotated[Path | None, typer.Option("--report-dir", help="Write status.json, status.md and junit.xml here.")] = None,
     junit: common.JunitOpt = None,
@@ -42,9 +43,9 @@ def status(
     Exit 0: every image read and clean; 1: an image has unexplained, missing or added files (against
     the published wheel), RECORD rows or bytecode that disagree, no reference for its release, a
     drifted or partial patch set, or no vLLM; 2: bad input (a missing image, a malformed RECORD);
-    3: the engine."""
-    if via not in ("auto", "layers", "container"):
-        raise BadInput(f"--via {via!r}: choose auto, layers or container")
+    3: the engine or a registry (unreachable, refused, a blob that is not its digest)."""
+    if via not in ("auto", "layers", "container", "registry"):
+        raise BadInput(f"--via {via!r}: choose auto, layers, container or registry")
     if via == "layers" and platform is not None:
         raise BadInput("--platform is passed to the container the engine creates; it needs --via container (or auto)")
     if pull not in ("never", "missing", "always"):
@@ -55,8 +56,14 @@ def status(
     roots = tuple(str(r) for r in root or ())
     if not refs and not roots:
         raise BadInput("give at least one --image REF, --images-from FILE or --root DIR", hint="see dspark-patch status --help")
+    if via == "registry" and pull != "never":
+        raise BadInput("--pull asks the engine to pull; --via registry reads the registry without one",
+                       hint="leave --pull out")
+    from ..targets.layers.cache import parse_size
+
     request = StatusRequest(images=refs, roots=roots, platform=platform, pull=pull, jobs=jobs, via=via,  # type: ignore[arg-type]
-                            key=str(key) if key else None, shard=parse_shard(shard) if shard is not None else None)
+                            key=str(key) if key else None, shard=parse_shard(shard) if shard is not None else None,
+                            cache_max=parse_size(cache_max, "--cache-max") if cache_max is not None else None)
     fleet = run_status(request, on_progress=_progress(not as_json))
     _write(fleet, report_dir, junit)
     if as_json:

@@ -395,6 +395,29 @@ class Registry:
             raise RegistryRefused(f"{reference}: blob {digest} does not match its digest")
         return body
 
+    def open_blob(self, reference: str, digest: str) -> requests.Response:
+        """A blob (a layer) of the repository `reference` is in, as a streamed answer the caller
+        reads (bounded and checked by digest: registry/blobs.py) and closes."""
+        container = self._container(ImageRef.parse(reference).name)
+        url = f"{self._prefix}://{container.get_blob_url(digest)}"
+        doing = f"reading {digest} of {reference}"
+        try:
+            answer = _ONE_REQUEST(self._client, url, "GET", headers={}, stream=True)
+        except requests.RequestException as exc:
+            raise RegistryUnreachable(f"registry {self.host} did not answer {doing} ({type(exc).__name__})",
+                                      hint="check that the registry is running and reachable") from None
+        except (ValueError, oras.auth.AuthenticationException) as exc:
+            raise RegistryRefused(f"{self.host} refused {doing}: {exc}",
+                                  hint=f"log in with `docker login {self.host}`") from None
+        if answer.status_code >= 300:
+            with answer:
+                said = next(answer.iter_content(200), b"") if answer.status_code != 404 else b""
+            if answer.status_code == 404:
+                raise RegistryRefused(f"{reference}: the registry has no blob {digest}",
+                                      hint="the image is incomplete in its registry; push it again")
+            self._check(answer, said, doing)
+        return answer
+
     def push_blob(self, repository: str, blob: bytes) -> str:
         """Upload a small blob (a config, an attestation statement); returns its digest."""
         container = self._container(f"{repository}:unused")

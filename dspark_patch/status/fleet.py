@@ -16,20 +16,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from .. import __version__
-from ..errors import BadInput, DsparkPatchError, EnvironmentProblem, TargetNotFound
+from ..errors import BadInput, DsparkPatchError, EngineUnreachable, EnvironmentProblem, TargetNotFound
 from ..patchset import PatchSet, available
 from ..registry.index import check_before_pull
 from ..report.status_model import FleetStatus, ImageStatus
 from ..targets.base import PullPolicy
+from ..targets.layers.cache import ScanCache
 from ..targets.sitefiles import SiteFiles
 from .assess import assess, patched_paths
 from .shard import Shard, pick
 
 if TYPE_CHECKING:
     from ..targets.base import ImageStore
+    from ..targets.layers import LayerView
 
 DISTRIBUTION = "vllm"
-Via = Literal["auto", "layers", "container"]
+Via = Literal["auto", "layers", "container", "registry"]
 Event = Literal["start", "done"]
 ProgressCallback = Callable[[str, Event, ImageStatus | None], None]
 
@@ -44,6 +46,7 @@ class StatusRequest:
     via: Via = "auto"
     key: str | None = None   # a public key (PEM): also report each applied patch set's attestation
     shard: Shard | None = None  # read only this share of roots + images (status/shard.py)
+    cache_max: int | None = None   # the scan cache's bound in bytes (None: DSPARK_PATCH_CACHE_MAX or 1 GiB)
 
 
 def read_refs_file(path: Path) -> tuple[str, ...]:
@@ -125,28 +128,79 @@ def status(request: StatusRequest, *, on_progress: ProgressCallback | None = Non
             rows[root] = _error_row(root, unreadable(root, exc))
         progress(root, "done", rows[root])
 
+    # An image read from an index in its registry has one row per platform (--via registry).
+    many: dict[str, tuple[ImageStatus, ...]] = {ref: (row,) for ref, row in rows.items()}
     if request.images:
-        rows.update(_read_images(request, patchsets, progress))
+        many.update(_read_images(request, patchsets, progress))
     if verifier is not None:
         from .attested import with_attestations
 
         by_id = {p.id: p for p in patchsets if p.id}
         registries: dict = {}
         for ref in request.images:
-            rows[ref] = with_attestations(rows[ref], verifier, by_id, registries)
+            many[ref] = tuple(with_attestations(row, verifier, by_id, registries) for row in many[ref])
     order = [*request.roots, *request.images]
-    return FleetStatus(images=tuple(rows[ref] for ref in dict.fromkeys(order)), tool_version=__version__,
+    return FleetStatus(images=tuple(row for ref in dict.fromkeys(order) for row in many[ref]), tool_version=__version__,
                        started_at=started.isoformat(timespec="seconds").replace("+00:00", "Z"),
                        seconds=round(time.monotonic() - clock, 3), shard=shard,
                        patch_set_digests=tuple((p.id, p.content_sha256) for p in patchsets if p.id))
 
 
-def _read_images(request: StatusRequest, patchsets: Sequence[PatchSet], progress: ProgressCallback) -> dict[str, ImageStatus]:
+def scan_cache(request: StatusRequest, patchsets: Sequence[PatchSet]) -> ScanCache:
+    """The layer-scan cache for this run's predicate (targets/layers/cache.py)."""
+    from ..targets.layerfs import status_keep_identity
+
+    return ScanCache.from_env(status_keep_identity(DISTRIBUTION, patched_paths(patchsets)), request.cache_max)
+
+
+def _from_registry(request: StatusRequest, patchsets: Sequence[PatchSet], progress: ProgressCallback,
+                   refs: Sequence[str], *, absent_ok: bool = False) -> dict[str, tuple[ImageStatus, ...] | None]:
+    from .registry_route import RegistryReader, read_all
+
+    reader = RegistryReader(patchsets=patchsets, keep_paths=patched_paths(patchsets), cache=scan_cache(request, patchsets),
+                            platform=request.platform, row=row_from_site, error_row=_error_row, unreadable=unreadable)
+    return read_all(reader, refs, jobs=request.jobs, absent_ok=absent_ok, progress=progress)
+
+
+def _read_images(request: StatusRequest, patchsets: Sequence[PatchSet],
+                 progress: ProgressCallback) -> dict[str, tuple[ImageStatus, ...]]:
+    from ..registry.index import registry_host
+
+    refs = list(dict.fromkeys(request.images))
+    if request.via == "registry":
+        return {ref: rows or () for ref, rows in _from_registry(request, patchsets, progress, refs).items()}
+    try:
+        found = _read_engine(request, patchsets, progress, refs)
+    except EngineUnreachable:
+        # auto, and no engine answers: the registry route when every image names its registry
+        if request.via != "auto" or not all(registry_host(ref) for ref in refs):
+            raise
+        return {ref: rows or () for ref, rows in _from_registry(request, patchsets, progress, refs).items()}
+    out: dict[str, tuple[ImageStatus, ...]] = {
+        ref: (row,) for ref, row in found.items() if not isinstance(row, DsparkPatchError)}
+    absent = [ref for ref, row in found.items() if isinstance(row, DsparkPatchError)]
+    # auto: an image the engine lacks (and was not asked to pull) is read from its registry when
+    # the registry has it; otherwise its row is the engine's "not found".
+    if absent and request.via == "auto" and request.pull == "never":
+        for ref, rows in _from_registry(request, patchsets, progress, absent, absent_ok=True).items():
+            if rows is not None:
+                out[ref] = rows
+    for ref in absent:
+        if ref not in out:
+            error = found[ref]
+            assert isinstance(error, DsparkPatchError)
+            out[ref] = (_error_row(ref, error),)
+            progress(ref, "done", out[ref][0])
+    return out
+
+
+def _read_engine(request: StatusRequest, patchsets: Sequence[PatchSet], progress: ProgressCallback,
+                 refs: Sequence[str]) -> dict[str, ImageStatus | DsparkPatchError]:
+    """Rows read through the engine; a reference the engine lacks is its `TargetNotFound`."""
     from ..targets import open_store
 
-    engine = open_store()  # unreachable: the whole command exits 3
-    refs = list(dict.fromkeys(request.images))
-    rows: dict[str, ImageStatus] = {}
+    engine = open_store()  # unreachable: EngineUnreachable (the whole command exits 3 unless auto reads a registry)
+    rows: dict[str, ImageStatus | DsparkPatchError] = {}
     by_id: dict[str, list[str]] = {}
     for ref in refs:  # cheap: one inspect each; groups tags of one image so it is read once
         try:
@@ -156,17 +210,22 @@ def _read_images(request: StatusRequest, patchsets: Sequence[PatchSet], progress
                     check_before_pull(ref)
                 engine.ensure_image(ref, pull=request.pull, platform=request.platform)
             by_id.setdefault(engine.image_info(ref).id, []).append(ref)
+        except TargetNotFound as exc:
+            rows[ref] = exc
         except DsparkPatchError as exc:
             rows[ref] = _error_row(ref, exc)
-            progress(ref, "done", rows[ref])
+            progress(ref, "done", rows[ref])  # type: ignore[arg-type]
 
     # One image: its site folder through the archive API is the cheaper read (the engine sends
-    # about half what a save of all its layers is). Several: one save shares their common layers.
+    # about half what a save of all its layers is), unless the scan cache holds all its layers
+    # (then nothing is read at all). Several: one save shares their common layers.
     # --platform is handed to the engine's create, so it needs the container route.
+    cache = scan_cache(request, patchsets)
     via = request.via if request.via != "auto" else (
-        "layers" if len(by_id) > 1 and request.platform is None else "container")
+        "container" if request.platform is not None else "layers" if len(by_id) > 1 or all(
+            _all_cached(engine, image_id, cache) for image_id in by_id) else "container")
     if via == "layers" and by_id:
-        return {**rows, **_read_layers(engine, by_id, patchsets, progress)}
+        return {**rows, **_read_layers(engine, by_id, patchsets, progress, cache)}
 
     def read_one(image_id: str, names: list[str]) -> ImageStatus:
         ref = names[0]
@@ -187,24 +246,38 @@ def _read_images(request: StatusRequest, patchsets: Sequence[PatchSet], progress
         for future in as_completed(futures):
             image_id, row = futures[future], future.result()
             for name in by_id[image_id]:
-                rows[name] = replace(row, ref=name)
-                progress(name, "done", rows[name])
+                rows[name] = named = replace(row, ref=name)
+                progress(name, "done", named)
     return rows
 
 
 def _read_layers(engine: ImageStore, by_id: dict[str, list[str]], patchsets: Sequence[PatchSet],
-                 progress: ProgressCallback) -> dict[str, ImageStatus]:
-    """All images from one save of their layers: a layer shared by many is read once."""
-    from ..targets.layerfs import find_site
+                 progress: ProgressCallback, cache: ScanCache) -> dict[str, ImageStatus | DsparkPatchError]:
+    """All images from one save of their layers: a layer shared by many is read once. An image
+    whose every layer (RootFS.Layers, the diff_ids) is in the scan cache is not saved at all."""
+    from ..targets.layerfs import find_site, merge_scans
 
     for names in by_id.values():
         for name in names:
             progress(name, "start", None)
-    rows: dict[str, ImageStatus] = {}
+    rows: dict[str, ImageStatus | DsparkPatchError] = {}
     failure: DsparkPatchError | None = None
-    views = {}
+    views: dict[str, LayerView | DsparkPatchError] = {}
+    to_save = []
+    for image_id in by_id:
+        diff_ids = engine.image_info(image_id).diff_ids
+        scans = [cache.get(d) for d in diff_ids]
+        cached = [s for s in scans if s is not None]
+        if not diff_ids or len(cached) != len(diff_ids):
+            to_save.append(image_id)
+            continue
+        try:
+            views[image_id] = merge_scans(cached, where=f"image {image_id[:19]}")
+        except DsparkPatchError as exc:
+            views[image_id] = exc
     try:
-        views = engine.save_views(list(by_id), DISTRIBUTION, keep=patched_paths(patchsets))
+        if to_save:
+            views.update(engine.save_views(to_save, DISTRIBUTION, keep=patched_paths(patchsets), cache=cache))
     except DsparkPatchError as exc:
         failure = exc
     except (ValueError, LookupError, TypeError, UnicodeError, tarfile.TarError) as exc:
@@ -228,7 +301,11 @@ def _read_layers(engine: ImageStore, by_id: dict[str, list[str]], patchsets: Seq
             except (ValueError, LookupError, TypeError, UnicodeError) as exc:
                 row = _error_row(names[0], unreadable(names[0], exc), **extra)
         for name in names:
-            rows[name] = replace(row, ref=name)
-            progress(name, "done", rows[name])
+            rows[name] = named = replace(row, ref=name)
+            progress(name, "done", named)
     return rows
 
+
+def _all_cached(engine: ImageStore, image_id: str, cache: ScanCache) -> bool:
+    diff_ids = engine.image_info(image_id).diff_ids
+    return bool(diff_ids) and all(cache.has(d) for d in diff_ids)

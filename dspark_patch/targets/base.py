@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from ..errors import DsparkPatchError
     from ..patching.plan import PatchPlan
     from .layers import LayerView
+    from .layers.cache import ScanCache
     from .sitefiles import SiteFiles
 
 TargetKind = Literal["local", "image"]
@@ -278,7 +279,8 @@ class ImageStore(Protocol):
         ...
 
     def save_views(self, image_ids: Sequence[str], distribution: str,
-                   keep: Iterable[str] = ()) -> dict[str, LayerView | DsparkPatchError]:
-        """Every image's merged layer view from one save of all of them (shared layers read once);
-        an image whose layers cannot be read maps to its error."""
+                   keep: Iterable[str] = (), cache: ScanCache | None = None) -> dict[str, LayerView | DsparkPatchError]:
+        """Every image's merged layer view from one save of all of them (shared layers read once;
+        each layer's scan kept in `cache` by its digest); an image whose layers cannot be read
+        maps to its error."""
         ...

@@ -39,7 +39,8 @@ _LIB_DIR = re.compile(r"^(?:[^/]+/)*lib(?:64)?/python3(?:\.\d+)?(?:/(?:site|dist
 _LANDMARK = re.compile(r"^(?:[^/]+/)*lib(?:64)?/python3\.\d+/os\.py$")
 _MODULE_FILE = re.compile(r"^(?P<name>[^./]+)(?:\..*)?\.(?:py|pyc|so|pyd)$")
 
-__all__ = ["Entry", "LayerView", "find_site", "folder_view", "merge_scans", "site_files", "status_keep"]
+__all__ = ["Entry", "LayerView", "find_site", "folder_view", "merge_scans", "site_files", "status_keep",
+           "status_keep_identity"]
 
 
 
@@ -79,6 +80,22 @@ def status_keep(distribution: str, keep_paths: Iterable[str] = ()) -> KeepPredic
         return "name" if _LANDMARK.match(path) else None
 
     return keep
+
+
+def status_keep_identity(distribution: str, keep_paths: Iterable[str] = ()) -> str:
+    """Who `status_keep(distribution, keep_paths)` is, for the scan cache (targets/layers/cache.py):
+    its parameters, the caps it keeps by, and the source of the reader and of this predicate, so
+    that a scan made for another predicate or by another version of the reader is never reused."""
+    from pathlib import Path
+
+    from .. import __version__
+    from .layers.cache import scan_identity
+
+    here = Path(__file__).parent
+    sources = {name: (here / name).read_bytes()
+               for name in ("layerfs.py", "facts.py", "layers/scan.py", "layers/tarstream.py")}
+    return scan_identity("status_keep", __version__, filename_name(distribution), *sorted(set(keep_paths)),
+                         f"record_cap={RECORD_CAP}", f"pth_cap={PTH_CAP}", sources=sources)
 
 
 def folder_view(fileobj: BinaryIO, *, folder: str, where: str, distribution: str,

@@ -44,6 +44,7 @@ from ...errors import DsparkPatchError, EnvironmentProblem, HostileLayer, Target
 from .. import imageconfig, interpreter
 from ..layerfs import folder_view, merge_scans, site_files, status_keep
 from ..layers import LayerScan, LayerView, TarStream, scan_layer
+from ..layers.cache import ScanCache
 from ..layers.tarstream import BLOCK
 from ..sitefiles import SiteFiles
 from ..sitepath import choose_site, interpreter_sites
@@ -211,7 +212,7 @@ def _engine_url(api: docker.APIClient, path: str) -> str:
 
 
 def save_views(engine: DockerEngine, image_ids: Sequence[str], distribution: str,
-               keep: Iterable[str] = ()) -> dict[str, LayerView | DsparkPatchError]:
+               keep: Iterable[str] = (), cache: ScanCache | None = None) -> dict[str, LayerView | DsparkPatchError]:
     """Every image's merged view from ONE `docker save` of all of them (shared layers come once).
 
     Nothing is created on the engine. Layers are scanned as they stream past (their order in
@@ -228,7 +229,7 @@ def save_views(engine: DockerEngine, image_ids: Sequence[str], distribution: str
         raise EnvironmentProblem(f"reading the images' layers failed: HTTP {response.status_code} {response.text.strip()[:200]}")
     try:
         stream = io.BufferedReader(_ChunkReader(response.iter_content(1 << 20)), 1 << 20)
-        return views_from_save(stream, image_ids, distribution, keep)
+        return views_from_save(stream, image_ids, distribution, keep, cache=cache)
     except requests.exceptions.RequestException as exc:
         raise EnvironmentProblem(f"reading the images' layers failed: {exc}") from exc
     finally:
@@ -236,8 +237,13 @@ def save_views(engine: DockerEngine, image_ids: Sequence[str], distribution: str
 
 
 def views_from_save(stream: BinaryIO, image_ids: Sequence[str], distribution: str,
-                    keep_paths: Iterable[str] = ()) -> dict[str, LayerView | DsparkPatchError]:
-    """The views of `image_ids` from a `docker save` archive (pure: no engine)."""
+                    keep_paths: Iterable[str] = (), *, cache: ScanCache | None = None,
+                    ) -> dict[str, LayerView | DsparkPatchError]:
+    """The views of `image_ids` from a `docker save` archive (pure: no engine).
+
+    `cache`: each layer's scan is stored under the sha256 of the tar it scanned (its diff_id,
+    hashed here, so what is stored is what was read); a layer whose archive name is its digest
+    (the OCI layout's `blobs/sha256/…`) and that the cache holds is not scanned again."""
     keep = status_keep(distribution, keep_paths)
     layers: dict[str, LayerScan | DsparkPatchError] = {}
     # A layer the archive already holds under another folder is written as a symlink to it
@@ -255,6 +261,12 @@ def views_from_save(stream: BinaryIO, image_ids: Sequence[str], distribution: st
             if member.name == "manifest.json":
                 manifest = json.loads(outer.read_all(64 << 20))
                 continue
+            named = _digest_of(member.name)
+            if cache is not None and named.startswith("sha256:"):
+                hit = cache.get(named)
+                if hit is not None:
+                    layers[member.name] = hit
+                    continue
             data = _Member(outer)
             head = data.peek(BLOCK)
             if head[:2] == b"\x1f\x8b":
@@ -265,7 +277,11 @@ def views_from_save(stream: BinaryIO, image_ids: Sequence[str], distribution: st
                 continue  # configs, OCI index and manifests (JSON)
             where = f"layer {_digest_of(member.name)} of the engine's save"
             try:
-                layers[member.name] = scan_layer(fh, where=where, keep=keep)
+                plain = _Hashing(fh)
+                scanned = scan_layer(plain, where=where, keep=keep)  # type: ignore[arg-type]
+                layers[member.name] = scanned
+                if cache is not None:
+                    cache.put(plain.drain(), scanned)
             except HostileLayer as exc:
                 # Name the layer by its digest (what `docker inspect` lists), known once all of it is read.
                 digest = data.drain()
@@ -298,6 +314,32 @@ def views_from_save(stream: BinaryIO, image_ids: Sequence[str], distribution: st
         except DsparkPatchError as exc:
             views[image_id] = exc
     return views
+
+
+class _Hashing(io.RawIOBase):
+    """A layer's tar as read, hashed: `drain()` reads the rest and gives its sha256 (the diff_id)."""
+
+    def __init__(self, fh: BinaryIO) -> None:
+        self._fh = fh
+        self._sha256 = hashlib.sha256()
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._fh.read(n)
+        self._sha256.update(data)
+        return data
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(buffer))
+        buffer[:len(data)] = data
+        return len(data)
+
+    def drain(self) -> str:
+        while self.read(1 << 20):
+            pass
+        return "sha256:" + self._sha256.hexdigest()
 
 
 class _Member(io.RawIOBase):

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Sequence
 from ...errors import DsparkPatchError
 from ..base import ImageInfo, PullCallback, PullPolicy
 from ..layers import LayerView
+from ..layers.cache import ScanCache
 from . import reader
 from .client import DockerEngine
 from .emulation import check_emulation, engine_platform
@@ -61,8 +62,8 @@ class DockerStore:
         return reader.ImageReader(ref, engine=self.engine, platform=platform, image_id=image_id)
 
     def save_views(self, image_ids: Sequence[str], distribution: str,
-                   keep: Iterable[str] = ()) -> dict[str, LayerView | DsparkPatchError]:
-        return reader.save_views(self.engine, image_ids, distribution, keep)
+                   keep: Iterable[str] = (), cache: ScanCache | None = None) -> dict[str, LayerView | DsparkPatchError]:
+        return reader.save_views(self.engine, image_ids, distribution, keep, cache)
 
 
 __all__ = ["DockerStore"]

@@ -24,7 +24,7 @@ from typing import Any
 
 from ...errors import UnreadableLayout
 from ..imageconfig import GO_DIR, GO_LINK
-from .scan import Entry, LayerScan, ancestors
+from .scan import Entry, LayerScan, ancestors, path_key
 
 MAX_LINKS = 40
 
@@ -99,14 +99,14 @@ class LayerView:
 
 def merge(scans: Iterable[LayerScan], *, where: str = "the image") -> LayerView:
     view: dict[str, Entry] = {}
-    above: dict[str, list[int]] = {}   # kept path -> hashes of its ancestors (computed once)
+    above: dict[str, list[int]] = {}   # kept path -> keys of its ancestors (computed once)
     for scan in scans:
         hide_all = scan.whiteouts                      # the path and everything below
         hide_below: set[str] = set(scan.opaques)       # everything below the path
         drop: list[str] = []
         present = scan.present
         for path, entry in view.items():
-            mine = present.get(hash(path))
+            mine = present.get(path_key(path))
             if mine is not None and path not in scan.entries and not (mine and entry.kind == "dir"):
                 drop.append(path)                      # replaced by a member the predicate did not keep
                 if not mine:
@@ -130,6 +130,6 @@ def merge(scans: Iterable[LayerScan], *, where: str = "the image") -> LayerView:
         for path, entry in scan.entries.items():
             view[path] = entry
             if path not in above:
-                above[path] = [hash(p) for p in ancestors(path)]
+                above[path] = [path_key(p) for p in ancestors(path)]
         above = {p: above[p] for p in view} if len(above) > 2 * len(view) + 64 else above
     return LayerView(entries=view, where=where)

@@ -20,6 +20,7 @@ tree), aufs-internal `.wh..wh.*` names.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -58,7 +59,15 @@ class LayerScan:
     entries: Mapping[str, Entry]            # kept members and every symlink, as the layer leaves them
     whiteouts: frozenset[str]               # paths a `.wh.NAME` removes from lower layers (with all below)
     opaques: frozenset[str]                 # folders whose lower contents `.wh..wh..opq` hides
-    present: Mapping[int, bool]             # hash(path) -> folder?, for every member and folder implied by one
+    present: Mapping[int, bool]             # path_key(path) -> folder?, for every member and folder implied by one
+
+
+@functools.lru_cache(maxsize=1 << 18)
+def path_key(path: str) -> int:
+    """A path's 64-bit key in `present`: the same in every process (a cached scan is merged in
+    another run); 64 bits keep a collision out of reach for millions of members. Memoised: a
+    layer's folders are the ancestors of many members."""
+    return int.from_bytes(hashlib.blake2b(path.encode("utf-8", "surrogateescape"), digest_size=8).digest(), "little")
 
 
 def _reader(chunks: Iterator[bytes]) -> Callable[[int], bytes]:
@@ -93,7 +102,7 @@ def scan_layer(fileobj: BinaryIO, *, where: str, keep: KeepPredicate, limits: Li
             continue  # the root folder itself
         above = ancestors(path)
         for folder in above:
-            h = hash(folder)
+            h = path_key(folder)
             if present.get(h) is False:
                 raise tar.refuse(f"a member under {folder!r}, which this layer made a non-folder "
                                  "(engines fail or follow it differently)")
@@ -107,14 +116,14 @@ def scan_layer(fileobj: BinaryIO, *, where: str, keep: KeepPredicate, limits: Li
                 raise tar.refuse("an aufs-internal whiteout name")
             else:
                 target = f"{folder}/{base[4:]}" if folder else base[4:]
-                if base[4:] in (".", "..") or hash(target) in present:
+                if base[4:] in (".", "..") or path_key(target) in present:
                     raise tar.refuse("a whiteout of a path this layer also holds (or of '.'/'..')")
                 whiteouts.add(target)
-                gone.add(hash(target))
+                gone.add(path_key(target))
             for f in above:
-                present.setdefault(hash(f), True)
+                present.setdefault(path_key(f), True)
             continue
-        h = hash(path)
+        h = path_key(path)
         if h in gone:
             raise tar.refuse("a member at a path this layer also whites out")
         is_dir = member.kind == "dir"
@@ -125,13 +134,13 @@ def scan_layer(fileobj: BinaryIO, *, where: str, keep: KeepPredicate, limits: Li
                 replaced[path] = member.index  # a non-folder over a folder: what the layer put below is gone
         present[h] = is_dir
         for f in above:
-            present.setdefault(hash(f), True)
+            present.setdefault(path_key(f), True)
         if member.kind == "symlink":
             entries[path] = Entry("symlink", target=member.linkname)
             order[path] = member.index
             continue
         if member.kind == "hardlink":
-            if present.get(hash(member.linkname)) is not False or member.linkname == path:
+            if present.get(path_key(member.linkname)) is not False or member.linkname == path:
                 raise tar.refuse(f"a hard link to {member.linkname!r}, which is no earlier file of this layer "
                                  "(engines resolve it in different trees)")
             if keep(path, "file"):
