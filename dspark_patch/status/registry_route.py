@@ -30,7 +30,6 @@ from ..registry.index import Registry, RegistryUnreachable, registry_host
 from ..registry.manifest import Manifest, parse_index
 from ..registry.platform_select import Platform, UnknownPlatform, select
 from ..report.status_model import ImageStatus
-
 from ..targets.layerfs import find_site, merge_scans, status_keep
 from ..targets.layers import LayerScan, scan_layer
 from ..targets.layers.cache import ScanCache
