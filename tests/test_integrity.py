@@ -462,8 +462,18 @@ def test_a_hostile_image_is_never_clean_and_fails_verify(tmp_path: Path) -> None
             "vllm/__pycache__/envs.cpython-311.pyc", "vllm/models/deepseek_v4/nvidia/__pycache__/model.cpython-311.pyc"]
         # the fixture's bytecode is the image's own python's (images/vllm-fixture/Dockerfile): no other .pyc differs
         assert integrity["notes"] == [] and not any("bytecode not proven" in n for n in res.json["notes"])
+        # apply refuses it before writing: no tag, no container left
+        containers = _docker("ps", "-aq", "--filter", f"ancestor={tag}")
+        res = run("apply", "--image", tag, "--pull", "never", "--tag", f"{tag}-patched", "--json",
+                  "--report-dir", str(tmp_path / "a"))
+        assert res.returncode == 1, res.stderr[-800:]
+        assert res.json["errors"][0]["kind"] == "modified-base" and res.json["integrity"]["mismatched"] == ["vllm/__init__.py"]
+        assert "vllm/__pycache__/envs.cpython-311.pyc does not hold the code of vllm/envs.py " \
+               "(recompiled with this interpreter and compared)" in res.json["integrity"]["stale_bytecode"]
+        assert subprocess.run(["docker", "image", "inspect", f"{tag}-patched"], capture_output=True).returncode != 0
+        assert _docker("ps", "-aq", "--filter", f"ancestor={tag}") == containers
     finally:
-        subprocess.run(["docker", "rmi", "-f", tag], capture_output=True, check=False)
+        subprocess.run(["docker", "rmi", "-f", tag, f"{tag}-patched"], capture_output=True, check=False)
 
 
 def test_the_layer_reader_sees_startup_hooks_and_pth_files_and_refuses_a_bad_record() -> None:
