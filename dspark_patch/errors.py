@@ -54,6 +54,13 @@ class VerifyMismatch(CheckFailed):
     kind = "verify-mismatch"
 
 
+class ModifiedBase(CheckFailed):
+    """`apply`: the tree to patch is not the published wheel (another file edited, added or
+    missing, a RECORD row rewritten, bytecode that is not its source's): it is not patched."""
+
+    kind = "modified-base"
+
+
 class CompileFailed(CheckFailed):
     kind = "compile-failed"
 

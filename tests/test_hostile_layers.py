@@ -393,6 +393,39 @@ def test_caps_give_one_clear_error(limits: Limits, says: str) -> None:
         scan_layer(io.BytesIO(data), where="layer L", keep=status_keep("vllm"), limits=limits)
 
 
+def _oversized(kind: str) -> hostile.Member:
+    """A RECORD over its 32 MiB cap, or a top-level .pth over its 64 KiB cap, in a later layer."""
+    if kind == "RECORD":
+        return File(f"{SITE}/vllm-0.33.0.dist-info/RECORD", b"vllm/__init__.py,,\n" * ((33 << 20) // 19))
+    return File(f"{SITE}/zz-big.pth", b"import os\n" + b"#" * (65 << 10))
+
+
+@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize("kind", ["RECORD", ".pth"])
+def test_an_oversized_record_or_pth_in_a_layer_is_refused_unread(trees: dict[str, Path], route: str, kind: str) -> None:
+    row = ROUTES[route]([python_layer(), site_layer(trees["patched"]), hostile.layer([_oversized(kind)])])
+    if kind == "RECORD":  # that image's row, one line, exit 2 (bad input), never a verdict
+        assert row.error is not None and "RECORD: over the 32 MiB limit" in row.error and row.exit_code == 2, row
+        assert row.patch_sets == () or dict(row.patch_sets) == {}, row
+    else:  # not read: it counts as added (an import line in it would run at every start)
+        assert row.error is None and "zz-big.pth" in row.added and row.exit_code == 1, row
+
+
+def test_the_layer_reader_never_holds_an_oversized_record() -> None:
+    import tracemalloc
+
+    data = hostile.layer([_oversized("RECORD")])
+    tracemalloc.start()
+    try:
+        scan = scan_layer(io.BytesIO(data), where="layer L", keep=status_keep("vllm"))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    entry = scan.entries[f"{SITE}/vllm-0.33.0.dist-info/RECORD"]
+    assert entry.too_large and entry.data is None
+    assert peak < (8 << 20), peak  # streamed past: the 33 MiB never held (the layer's own bytes aside)
+
+
 # --- the same-layer rules the engines disagree on ------------------------------------------------
 @pytest.mark.parametrize(("members", "says"), [
     ([File("a", b"x"), File("a/b", b"y")], "non-folder"),
@@ -511,6 +544,29 @@ def test_differentials_the_engine_loads_are_refused_on_the_layer_route(trees: di
             subprocess.run(["docker", "rmi", "-f", tag], capture_output=True, check=False)
 
 
+@pytest.mark.docker
+def test_an_oversized_record_or_pth_through_the_engine_on_both_routes(trees: dict[str, Path]) -> None:
+    """Loaded into the real engine: `status --via layers` and `--via container` refuse the image
+    with the oversized RECORD in one line (exit 2) and count the unread .pth as added."""
+    tags = {kind: f"127.0.0.1:9/dspark-patch-test/hostile-cap-{kind.strip('.').lower()}:{secrets.token_hex(3)}"
+            for kind in ("RECORD", ".pth")}
+    try:
+        for kind, tag in tags.items():
+            layers: list[bytes | str] = [python_layer(), site_layer(trees["patched"]), hostile.layer([_oversized(kind)])]
+            assert _load(layers, tag) is not None, f"the engine refused the oversized {kind}"
+        for via in ("layers", "container"):
+            code, rows = _status_rows(via, list(tags.values()))
+            record = rows[tags["RECORD"]]
+            assert record["error"] is not None and "over the 32 MiB limit" in record["error"], (via, record)
+            assert record["exit_code"] == 2 and record["patch_sets"] == {}, (via, record)
+            pth = rows[tags[".pth"]]
+            assert pth["error"] is None and "zz-big.pth" in pth["added"] and pth["exit_code"] == 1, (via, pth)
+            assert code == 2
+    finally:
+        for tag in tags.values():
+            subprocess.run(["docker", "rmi", "-f", tag], capture_output=True, check=False)
+
+
 def _inspect(ref: str) -> dict:
     return json.loads(subprocess.run(["docker", "image", "inspect", ref], capture_output=True, check=True).stdout)[0]
 
@@ -562,8 +618,15 @@ def test_hostile_layers_over_a_really_patched_image_fail_status_and_verify(trees
             res = run("verify", "--image", tag, "--pull", "never", "--no-probe", "--report-dir", str(tmp_path / f"v-{name}"))
             assert res.returncode == 1 and "Traceback" not in res.stderr, (name, res.returncode, res.stderr[-800:])
             assert "OK: verified" not in res.stdout + res.stderr
+        # apply refuses what the engine made of the link and of the hidden header (the decoy is not
+        # refused: apply patches the site folder the interpreter imports, and never the decoy)
+        for name in ("models-link", "hidden-header"):
+            res = run("apply", "--image", tags[name], "--tag", f"{tags[name]}-again", "--pull", "never", "--no-probe",
+                      "--report-dir", str(tmp_path / f"a-{name}"))
+            res.assert_clean_error(1)
+            assert subprocess.run(["docker", "image", "inspect", f"{tags[name]}-again"], capture_output=True).returncode != 0
     finally:
-        for tag in [*tags.values(), patched]:
+        for tag in [*tags.values(), *(f"{t}-again" for t in tags.values()), patched]:
             subprocess.run(["docker", "rmi", "-f", tag], capture_output=True, check=False)
 
 

@@ -12,6 +12,7 @@ import gzip
 import hashlib
 import importlib.util
 import json
+import marshal
 import os
 import secrets
 import shutil
@@ -24,6 +25,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from dspark_patch.patchset import available as available_patch_sets
 from dspark_patch.references import build
 from dspark_patch.report.status_render import load_status_schema
 from tests.support import images, vllm
@@ -144,7 +146,7 @@ def test_a_hand_edit_with_its_record_row_rewritten_and_startup_hooks_are_finding
     assert code == 1 and bad["exit_code"] == 1
 
     res = run("apply", "--root", str(tree), "--python", PY, "--dry-run", "--report-dir", str(tmp_path / "dry"))
-    assert res.returncode == 0, res.stderr
+    assert "is not the published wheel" in res.assert_clean_error(1)  # apply holds the tree to the wheel too
     res = run("verify", "--root", str(tree), "--python", PY, "--no-probe", "--json", "--report-dir", str(tmp_path / "v"))
     assert res.returncode == 1, res.stderr
     integrity = res.json["integrity"]
@@ -219,6 +221,159 @@ def test_forged_bytecode_is_caught_by_verify_and_status(tmp_path: Path) -> None:
     assert not marker.exists()  # neither the forged code nor the shadowing modules ran
 
 
+# --- apply refuses a tree that is not the published wheel (classes 4, 5, 9) ------------------------------
+def _hand_edit(tree: Path) -> None:
+    init = tree / "vllm/__init__.py"
+    edited = init.read_bytes() + b"\nimport os  # by hand\n"
+    replace_file(init, edited)
+    rewrite_record(tree, {"vllm/__init__.py": record_row("vllm/__init__.py", edited)})
+
+
+def _pth_in_a_fake_distribution(tree: Path) -> None:
+    hook = b"import os; os.environ.setdefault('HOOKED', '1')\n"
+    (tree / "zz-fake.pth").write_bytes(hook)
+    fake = tree / "zzfake-1.0.dist-info"
+    fake.mkdir()
+    (fake / "METADATA").write_text("Metadata-Version: 2.1\nName: zzfake\nVersion: 1.0\n")
+    (fake / "RECORD").write_text(record_row("zz-fake.pth", hook) + "\nzzfake-1.0.dist-info/RECORD,,\n")
+
+
+def _forged_bytecode(tree: Path) -> None:
+    # an unpatched module's .pyc, checked-hash with its source's hash: the interpreter loads it
+    logger = tree / "vllm/logger.py"
+    replace_file(Path(importlib.util.cache_from_source(str(logger))), forged_pyc(logger, b"import os\n"))
+
+
+def _fifo_for_a_file(tree: Path) -> None:
+    (tree / "vllm/logger.py").unlink()
+    os.mkfifo(tree / "vllm/logger.py")
+
+
+NOT_THE_WHEEL = {  # class: what status and verify name (the twist)
+    "hand edit, RECORD row rewritten (5)": (_hand_edit, "vllm/__init__.py"),
+    ".pth with an import line in a fake distribution (5)": (_pth_in_a_fake_distribution, "zz-fake.pth"),
+    "sitecustomize.py (5)": (lambda t: (t / "sitecustomize.py").write_text("print('every start')\n"), "sitecustomize.py"),
+    "a module added under vllm/ (5)": (lambda t: (t / "vllm/extra.py").write_text("x = 1\n"), "vllm/extra.py"),
+    "a wheel file removed": (lambda t: (t / "vllm/logger.py").unlink(), "vllm/logger.py"),
+    "forged bytecode of an unpatched module (4)": (_forged_bytecode, "vllm/__pycache__/logger.cpython-311.pyc"),
+    "a FIFO in place of a file (9)": (_fifo_for_a_file, "vllm/logger.py"),
+}
+
+
+@pytest.mark.parametrize("case", NOT_THE_WHEEL)
+def test_apply_refuses_a_tree_that_is_not_the_published_wheel(tmp_path: Path, case: str) -> None:
+    """The pre-image hashes of the two patched files hold; the rest of the tree is not the
+    wheel. apply refuses before writing (exit 1, one line), status is not clean, and nothing of
+    the tree runs on the host (class 7)."""
+    twist, named = NOT_THE_WHEEL[case]
+    tree = vllm.tree_copy("0.33.0", tmp_path / "site-packages")
+    twist(tree)
+    marker = tmp_path / "ran-on-host"
+    shadowing_stdlib(tree, marker)
+    variant = next(p for p in available_patch_sets() if p.id == PATCH_ID).variant_for("0.33.0")
+    before = {rel: (tree / rel).read_bytes() for rel in variant.files}
+    pycs = {rel: Path(importlib.util.cache_from_source(str(tree / rel))).read_bytes() for rel in variant.files}
+
+    res = run("apply", "--root", str(tree), "--python", PY, "--no-probe", "--report-dir", str(tmp_path / "a"))
+    line = res.assert_clean_error(1)
+    assert "is not the published wheel" in line and named in line and "nothing was written" in line, line
+    assert {rel: (tree / rel).read_bytes() for rel in variant.files} == before
+    assert {rel: Path(importlib.util.cache_from_source(str(tree / rel))).read_bytes() for rel in variant.files} == pycs
+    audit = json.loads((tmp_path / "a" / "audit.json").read_text())
+    assert audit["status"] == "failed" and audit["errors"][0]["kind"] == "modified-base"
+    assert audit["integrity"]["reference"] == f"{X86}.whl"
+    assert [s["name"] for s in audit["steps"]][-1] == "integrity"  # nothing after it ran: no write
+    assert "<failure" in (tmp_path / "a" / "junit.xml").read_text()  # CI shows the integrity case failing
+
+    # (verify of each exits 1: the tests above and below, and test_local_apply_verify.py)
+    code, doc = status_json("--root", str(tree))
+    row = doc["images"][0]
+    assert code == 1 and row["exit_code"] == 1
+    assert named in row["unexplained"] + row["added"] + row["missing"] + [b.split(":")[0] for b in row["bytecode"]], row
+    assert not marker.exists()
+
+
+def test_allow_unknown_base_patches_a_tree_that_is_not_the_wheel_and_says_so(tmp_path: Path) -> None:
+    tree = vllm.tree_copy("0.33.0", tmp_path / "site-packages")
+    (tree / "sitecustomize.py").write_text("print('every start')\n")
+    res = run("apply", "--root", str(tree), "--python", PY, "--no-probe", "--allow-unknown-base", "--json",
+              "--report-dir", str(tmp_path / "a"))
+    assert res.returncode == 0, res.stderr
+    doc = res.json
+    assert doc["status"] == "applied" and doc["integrity"] is None
+    assert any(n.startswith("--allow-unknown-base: the tree is not the published wheel") and "sitecustomize.py" in n
+               for n in doc["notes"]), doc["notes"]
+
+
+def test_apply_of_a_pristine_tree_reports_the_check_and_an_unknown_release_only_notes_it(tmp_path: Path) -> None:
+    tree = vllm.tree_copy("0.33.0", tmp_path / "clean" / "site-packages")
+    res = run("apply", "--root", str(tree), "--python", PY, "--no-probe", "--json", "--report-dir", str(tmp_path / "a"))
+    assert res.returncode == 0, res.stderr
+    integrity = res.json["integrity"]
+    assert integrity["reference"] == f"{X86}.whl" and integrity["bytecode_checked"] > 3000
+    assert (integrity["mismatched"], integrity["missing"], integrity["added"], integrity["stale_bytecode"]) == ([], [], [], [])
+    # a WHEEL that is none of the published ones: nothing to check against, a note, patched as before
+    other = vllm.tree_copy("0.33.0", tmp_path / "other" / "site-packages")
+    wheel = other / INFO / "WHEEL"
+    replace_file(wheel, wheel.read_bytes().replace(b"linux_x86_64", b"linux_riscv64"))
+    res = run("apply", "--root", str(other), "--python", PY, "--no-probe", "--json", "--report-dir", str(tmp_path / "b"))
+    assert res.returncode == 0, res.stderr
+    assert res.json["integrity"] is None
+    assert any(n.startswith("no reference for vllm 0.33.0 on this platform") and "pre-image hashes alone" in n
+               for n in res.json["notes"]), res.json["notes"]
+
+
+def instructions_only_pyc(source: Path) -> bytes:
+    """Checked-hash bytecode of `source` whose first LOAD_CONST loads another of the module's own
+    constants: the names, constants and nesting are the source's, one instruction is not."""
+    import dis
+
+    code = compile(source.read_bytes(), str(source), "exec", dont_inherit=True)
+    raw = bytearray(code.co_code)
+    at = next(i for i in range(0, len(raw), 2) if raw[i] == dis.opmap["LOAD_CONST"])
+    raw[at + 1] = (raw[at + 1] + 1) % len(code.co_consts)
+    forged = code.replace(co_code=bytes(raw))
+    assert forged != code
+    return bytes(_bootstrap_external._code_to_hash_pyc(forged, importlib.util.source_hash(source.read_bytes()), True))
+
+
+def test_bytecode_that_differs_only_in_its_instructions_fails_verify_and_apply(tmp_path: Path) -> None:
+    """Class 4, the quiet form: what another release of the interpreter writes, or a forger who
+    keeps every name and constant. Not a note: verify exits 1 and apply refuses, and the message
+    says how to rewrite honest bytecode; status, which runs nothing, never calls it clean."""
+    from dspark_patch.inside.integrity import _same_shape
+
+    tree = vllm.tree_copy("0.33.0", tmp_path / "site-packages")
+    logger = tree / "vllm/logger.py"
+    pyc = Path(importlib.util.cache_from_source(str(logger)))
+    forged = instructions_only_pyc(logger)
+    assert _same_shape(marshal.loads(forged[16:]), compile(logger.read_bytes(), str(logger), "exec", dont_inherit=True))
+    replace_file(pyc, forged)
+    named = "vllm/__pycache__/logger.cpython-311.pyc does not hold the code of vllm/logger.py"
+
+    code, doc = status_json("--root", str(tree))
+    row = doc["images"][0]
+    assert row["patch_sets"][PATCH_ID] == "absent"
+    assert any(u.startswith("bytecode not verified") for u in row["unverified"]), row  # never plainly clean
+
+    res = run("apply", "--root", str(tree), "--python", PY, "--no-probe", "--report-dir", str(tmp_path / "a"))
+    line = res.assert_clean_error(1)
+    assert named in line and "compileall -f" in line, line
+    res = run("apply", "--root", str(tree), "--python", PY, "--no-probe", "--allow-unknown-base",
+              "--report-dir", str(tmp_path / "b"))
+    assert res.returncode == 0, res.stderr
+    res = run("verify", "--root", str(tree), "--python", PY, "--no-probe", "--json", "--report-dir", str(tmp_path / "v"))
+    assert res.returncode == 1, res.stderr
+    stale = res.json["integrity"]["stale_bytecode"]
+    assert len(stale) == 1 and stale[0].startswith(named) and f"-m compileall -f {logger}" in stale[0], stale
+    assert res.json["integrity"]["notes"] == []
+    # the fix the message names makes the tree whole again
+    done = subprocess.run([PY, "-m", "compileall", "-q", "-f", str(logger)], capture_output=True)
+    assert done.returncode == 0
+    res = run("verify", "--root", str(tree), "--python", PY, "--no-probe", "--report-dir", str(tmp_path / "v2"))
+    assert res.returncode == 0, res.stderr[-800:]
+
+
 # --- class 8 / 9: bad RECORD data, FIFOs ------------------------------------------------------------------
 MALFORMED_ROWS = ("vllm/envs.py,sha256=not*base64!,100", "vllm/envs.py,sha256=AAAA,100",
                   "vllm/envs.py,sha256=,12x", "vllm/envs.py,md5=abc,1")
@@ -248,8 +403,9 @@ def test_an_oversized_record_is_refused_unread(tmp_path: Path) -> None:
     replace_file(record, record.read_bytes() + b"#" * (33 << 20))
     code, doc = status_json("--root", str(tree))
     assert code == 2 and "over the 32 MiB limit" in doc["images"][0]["error"]
-    res = run("verify", "--root", str(tree), "--python", PY, "--no-probe", "--report-dir", str(tmp_path / "v"))
-    assert "over the 32 MiB limit" in res.assert_clean_error(2)
+    for command in ("verify", "apply"):
+        res = run(command, "--root", str(tree), "--python", PY, "--no-probe", "--report-dir", str(tmp_path / command))
+        assert "over the 32 MiB limit" in res.assert_clean_error(2)
 
 
 def test_a_fifo_in_record_or_in_place_of_a_file_never_blocks(tmp_path: Path) -> None:
@@ -311,9 +467,20 @@ def test_a_hostile_image_is_never_clean_and_fails_verify(tmp_path: Path) -> None
                "(recompiled with this interpreter and compared)" in integrity["stale_bytecode"]
         assert [s.split()[0] for s in integrity["stale_bytecode"]] == [
             "vllm/__pycache__/envs.cpython-311.pyc", "vllm/models/deepseek_v4/nvidia/__pycache__/model.cpython-311.pyc"]
-        assert any(n.startswith("bytecode not proven: 6 .pyc") for n in res.json["notes"])  # compiled by the host's 3.11.7
+        # the fixture's bytecode is the image's own python's (images/vllm-fixture/Dockerfile): no other .pyc differs
+        assert integrity["notes"] == [] and not any("bytecode not proven" in n for n in res.json["notes"])
+        # apply refuses it before writing: no tag, no container left
+        containers = _docker("ps", "-aq", "--filter", f"ancestor={tag}")
+        res = run("apply", "--image", tag, "--pull", "never", "--tag", f"{tag}-patched", "--json",
+                  "--report-dir", str(tmp_path / "a"))
+        assert res.returncode == 1, res.stderr[-800:]
+        assert res.json["errors"][0]["kind"] == "modified-base" and res.json["integrity"]["mismatched"] == ["vllm/__init__.py"]
+        assert "vllm/__pycache__/envs.cpython-311.pyc does not hold the code of vllm/envs.py " \
+               "(recompiled with this interpreter and compared)" in res.json["integrity"]["stale_bytecode"]
+        assert subprocess.run(["docker", "image", "inspect", f"{tag}-patched"], capture_output=True).returncode != 0
+        assert _docker("ps", "-aq", "--filter", f"ancestor={tag}") == containers
     finally:
-        subprocess.run(["docker", "rmi", "-f", tag], capture_output=True, check=False)
+        subprocess.run(["docker", "rmi", "-f", tag, f"{tag}-patched"], capture_output=True, check=False)
 
 
 def test_the_layer_reader_sees_startup_hooks_and_pth_files_and_refuses_a_bad_record() -> None:

@@ -27,7 +27,7 @@ def apply(
     no_probe: common.NoProbeOpt = False,
     python: common.PythonOpt = None,
     platform: common.PlatformOpt = None,
-    allow_unknown_base: Annotated[bool, typer.Option("--allow-unknown-base", help="Do not require the known pre-image hashes; rely on zero-fuzz placement alone (the report says so).")] = False,
+    allow_unknown_base: Annotated[bool, typer.Option("--allow-unknown-base", help="Do not require the known pre-image hashes, nor the rest of the tree to be the published wheel; rely on zero-fuzz placement alone (the report says so).")] = False,
     allow_unreviewed: Annotated[bool, typer.Option("--allow-unreviewed", help="Apply a variant `dspark-patch port` made that no person has marked reviewed yet (the report says so).")] = False,
     tag: Annotated[str | None, typer.Option("--tag", help="Name the patched image (--image only). For an index: the new index; each platform image is tagged TAG-OS-ARCH[-VARIANT].")] = None,
     force: Annotated[bool, typer.Option("--force", help="Move an existing --tag to the new image.")] = False,

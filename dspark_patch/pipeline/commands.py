@@ -24,11 +24,13 @@ from .steps import (
     EarlyStart,
     bytecode_paths,
     bytecode_restore_plan,
+    check_base,
     check_integrity,
     check_known_images,
     check_post_images,
     compile_files,
     file_reports,
+    integrity_problems,
     patch_name,
     plan_or_none,
     prepare,
@@ -143,6 +145,7 @@ def _apply(request: ApplyRequest, target: Target, run: RunLog) -> AuditReport:
         run.update(files=file_reports(plan, variant))
         if not patchset.is_bare:
             check_post_images(plan, variant, enforce=hash_checks or plan.status == "already-applied")
+    check_base(run, target, dist, diff, patchset, variant, allow_unknown_base=request.allow_unknown_base)
 
     if plan.status == "already-applied":
         early.cancel()
@@ -228,11 +231,7 @@ def _verify(request: VerifyRequest, target: Target, run: RunLog) -> AuditReport:
             run.notes.extend(i.unverified)  # a bare diff checks no release; there is nothing to check against
         else:
             problems += list(i.unverified)
-        problems += [f"{p}: does not match the published wheel" for p in i.mismatched]
-        problems += [f"{p}: missing (the published wheel has it)" for p in i.missing]
-        problems += [f"{p}: added (not in the published wheel)" for p in i.added]
-        problems += [f"{p}: the RECORD row disagrees with the published wheel" for p in i.record_disagrees]
-        problems += list(i.stale_bytecode)
+        problems += integrity_problems(i)
 
     if isinstance(target, ImageCapable):
         with run.step("labels"):

@@ -15,6 +15,7 @@ from ..errors import (
     DsparkPatchError,
     HashMismatch,
     InvalidPatchSet,
+    ModifiedBase,
     ProbeFailed,
     VerifyMismatch,
 )
@@ -177,13 +178,16 @@ def probe_step(target: Target, dist: Distribution, probe: Path, run: RunLog, mod
 
 
 def check_integrity(target: Target, dist: Distribution, diff: Diff, variant: Variant | None = None,
-                    *, bare: bool = False) -> IntegrityReport:
+                    *, pre_image: bool = False) -> IntegrityReport:
     """The distribution against the published wheel (dspark_patch.references), its own RECORD
     against the same, and every .pyc its interpreter would load recompiled and compared
     (inside/integrity.py). The facts are gathered by the target's interpreter, run isolated;
-    the verdict is taken here."""
+    the verdict is taken here. `pre_image`: the tree before apply writes anything; the files
+    the diff changes hold the wheel's own bytes (or, already applied, the post-image) and their
+    bytecode is pip's, so it is held to the rule of every other module, not to the tool's."""
     patched = {fp.path for fp in diff.files}
-    py_files = sorted(fp.path for fp in diff.files if fp.action != "delete" and fp.path.endswith(".py"))
+    py_files = [] if pre_image else \
+        sorted(fp.path for fp in diff.files if fp.action != "delete" and fp.path.endswith(".py"))
     record = [(e.path, e.sha256) for e in dist.record]
     top = dist.name.replace("-", "_").lower()
     folders = own_folders(p for p, _ in record) | {top}
@@ -200,11 +204,7 @@ def check_integrity(target: Target, dist: Distribution, diff: Diff, variant: Var
             f"the integrity check could not run with {dist.python}: {result.stderr.decode('utf-8', 'replace').strip()[-300:]}"
         ) from None
     not_checked = tuple(p for p, _ in record if p.startswith(("/", "../")) or "/../" in p)
-    stale = tuple(f"{pyc} {why}" for pyc, why in sorted(bytecode.items()) if why and why != "?")
-    unproven = sorted(pyc for pyc, why in bytecode.items() if why == "?")
-    notes = (f"bytecode not proven: {len(unproven)} .pyc file(s) hold their sources' names and constants but "
-             f"other instructions (compiled by another release of the interpreter?): {', '.join(unproven[:3])}"
-             + (" …" if len(unproven) > 3 else ""),) if unproven else ()
+    stale = tuple(f"{pyc} {why}" for pyc, why in sorted(bytecode.items()) if why)
     post: dict[str, set[str | None]] = {}
     if variant is not None:
         post = {path: {expected.post_sha256} for path, expected in variant.files.items()}
@@ -213,14 +213,57 @@ def check_integrity(target: Target, dist: Distribution, diff: Diff, variant: Var
     if ref is None:
         return IntegrityReport(checked=0, not_checked=not_checked, stale_bytecode=stale, reference=None,
                                unverified=(references.no_reference(dist.name, dist.version, wheel),),
-                               bytecode_checked=len(bytecode), notes=notes)
+                               bytecode_checked=len(bytecode))
     found = references.compare(ref, hashes=files, others=doc.get("others", ()), record=record, post_images=post,
                                top_level=doc.get("top_level", ()), pth=pth, listed_anywhere=doc.get("pth_listed", ()))
     return IntegrityReport(
         checked=found.checked, mismatched=tuple(p for p in found.unexplained if p not in patched),
         missing=tuple(p for p in found.missing if p not in patched), not_checked=not_checked, stale_bytecode=stale,
-        added=found.added, reference=ref.wheel, record_disagrees=found.record_disagrees, bytecode_checked=len(bytecode),
-        notes=notes)
+        added=found.added, reference=ref.wheel, record_disagrees=found.record_disagrees, bytecode_checked=len(bytecode))
+
+
+def integrity_problems(i: IntegrityReport) -> list[str]:
+    """What a check against the published wheel found, one line each (verify's and apply's)."""
+    return [*(f"{p}: does not match the published wheel" for p in i.mismatched),
+            *(f"{p}: missing (the published wheel has it)" for p in i.missing),
+            *(f"{p}: added (not in the published wheel)" for p in i.added),
+            *(f"{p}: the RECORD row disagrees with the published wheel" for p in i.record_disagrees),
+            *i.stale_bytecode]
+
+
+def check_base(run: RunLog, target: Target, dist: Distribution, diff: Diff, patchset: PatchSet, variant: Variant,
+               *, allow_unknown_base: bool) -> None:
+    """apply, before anything is written: the tree must be the published wheel, checked as
+    verify checks it (every file against the shipped reference, the RECORD against the same,
+    every .pyc the interpreter would load recompiled and compared). The pre-image hashes of the
+    patched files say nothing of the others: an edited `vllm/__init__.py` with its RECORD row
+    rewritten, an added `.pth` or `sitecustomize.py`, forged bytecode would all be patched and
+    then carry the reviewed patch's labels. The early probe warms up meanwhile (EarlyStart).
+
+    A bare diff (no release named) or `--allow-unknown-base`: the findings are notes and the
+    tree is patched; a release with no reference: a note (nothing to check against)."""
+    with run.step("integrity"):
+        i = check_integrity(target, dist, diff, None if patchset.is_bare else variant, pre_image=True)
+        if i.reference is None:
+            run.notes.extend(f"{u}; patched on the reviewed pre-image hashes alone" for u in i.unverified)
+            return
+        problems = integrity_problems(i)
+        why = "bare diff file" if patchset.is_bare else "--allow-unknown-base" if allow_unknown_base else None
+        if why is not None:
+            if problems:
+                more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+                run.notes.append(f"{why}: the tree is not the published wheel {i.reference}, patched anyway: "
+                                 + "; ".join(problems[:3]) + more)
+            return
+        run.update(integrity=i)
+        if problems:
+            more = f" (and {len(problems) - 3} more; see the report)" if len(problems) > 3 else ""
+            raise ModifiedBase(
+                f"{run.draft.target.ref} is not the published wheel {i.reference}: " + "; ".join(problems[:3]) + more
+                + "; nothing was written",
+                hint="apply to a pristine vLLM install, or rebuild the image from the release; "
+                "--allow-unknown-base patches it anyway, and the report says so",
+            )
 
 
 def bytecode_paths(plan: PatchPlan, dist: Distribution) -> list[str]:

@@ -25,6 +25,7 @@ _SHOWN_BY: dict[str, frozenset[str]] = {
     "layer-mismatch": frozenset({"layer"}),
     "hash-mismatch": frozenset({"pre-image", "post-image"}),
     "verify-mismatch": frozenset({"post-image", "integrity", "bytecode", "labels", "compile"}),
+    "modified-base": frozenset({"integrity", "bytecode"}),
     "attestation-invalid": frozenset({"attestation"}),
 }
 

@@ -140,7 +140,7 @@ class IntegrityReport:
     record_disagrees: tuple[str, ...] = ()  # the target's RECORD rows that differ from the wheel
     unverified: tuple[str, ...] = ()      # "no reference for vllm X …"
     bytecode_checked: int = 0             # .pyc files the interpreter would load, recompiled and compared
-    notes: tuple[str, ...] = ()           # "bytecode not proven: …" (instructions differ, names and constants do not)
+    notes: tuple[str, ...] = ()           # kept for the schema; empty since bytecode that is not its source's is stale_bytecode
 
 
 @dataclass(frozen=True, kw_only=True)
