@@ -288,8 +288,14 @@ def test_apply_refuses_a_tree_that_is_not_the_published_wheel(tmp_path: Path, ca
     # (verify of each exits 1: the tests above and below, and test_local_apply_verify.py)
     code, doc = status_json("--root", str(tree))
     row = doc["images"][0]
-    assert code == 1 and row["exit_code"] == 1
-    assert named in row["unexplained"] + row["added"] + row["missing"] + [b.split(":")[0] for b in row["bytecode"]], row
+    if case == "forged bytecode of an unpatched module (4)":
+        # status runs nothing: a .pyc whose header carries its source's hash cannot be told from an
+        # honest one without compiling, so status says so (never plain clean); verify recompiles
+        # and fails (test_forged_bytecode_* above), and apply refused it here.
+        assert any(u.startswith("bytecode not verified") for u in row["unverified"]), row
+    else:
+        assert code == 1 and row["exit_code"] == 1
+        assert named in row["unexplained"] + row["added"] + row["missing"] + [b.split(":")[0] for b in row["bytecode"]], row
     assert not marker.exists()
 
 
