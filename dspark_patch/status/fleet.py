@@ -27,7 +27,7 @@ from .assess import assess, patched_paths
 from .shard import Shard, pick
 
 if TYPE_CHECKING:
-    from ..targets.base import ImageStore
+    from ..targets.base import ImageInfo, ImageStore
     from ..targets.layers import LayerView
 
 DISTRIBUTION = "vllm"
@@ -202,6 +202,7 @@ def _read_engine(request: StatusRequest, patchsets: Sequence[PatchSet], progress
     engine = open_store()  # unreachable: EngineUnreachable (the whole command exits 3 unless auto reads a registry)
     rows: dict[str, ImageStatus | DsparkPatchError] = {}
     by_id: dict[str, list[str]] = {}
+    infos: dict[str, ImageInfo] = {}  # by image id: the one inspect each image gets
     for ref in refs:  # cheap: one inspect each; groups tags of one image so it is read once
         try:
             if request.pull != "never":
@@ -209,7 +210,9 @@ def _read_engine(request: StatusRequest, patchsets: Sequence[PatchSet], progress
                     # An index listing a platform twice would have the engine pick one silently.
                     check_before_pull(ref)
                 engine.ensure_image(ref, pull=request.pull, platform=request.platform)
-            by_id.setdefault(engine.image_info(ref).id, []).append(ref)
+            info = engine.image_info(ref)
+            infos.setdefault(info.id, info)
+            by_id.setdefault(info.id, []).append(ref)
         except TargetNotFound as exc:
             rows[ref] = exc
         except DsparkPatchError as exc:
@@ -223,9 +226,9 @@ def _read_engine(request: StatusRequest, patchsets: Sequence[PatchSet], progress
     cache = scan_cache(request, patchsets)
     via = request.via if request.via != "auto" else (
         "container" if request.platform is not None else "layers" if len(by_id) > 1 or all(
-            _all_cached(engine, image_id, cache) for image_id in by_id) else "container")
+            _all_cached(infos[image_id], cache) for image_id in by_id) else "container")
     if via == "layers" and by_id:
-        return {**rows, **_read_layers(engine, by_id, patchsets, progress, cache)}
+        return {**rows, **_read_layers(engine, by_id, infos, patchsets, progress, cache)}
 
     def read_one(image_id: str, names: list[str]) -> ImageStatus:
         ref = names[0]
@@ -251,8 +254,8 @@ def _read_engine(request: StatusRequest, patchsets: Sequence[PatchSet], progress
     return rows
 
 
-def _read_layers(engine: ImageStore, by_id: dict[str, list[str]], patchsets: Sequence[PatchSet],
-                 progress: ProgressCallback, cache: ScanCache) -> dict[str, ImageStatus | DsparkPatchError]:
+def _read_layers(engine: ImageStore, by_id: dict[str, list[str]], infos: dict[str, ImageInfo],
+                 patchsets: Sequence[PatchSet], progress: ProgressCallback, cache: ScanCache) -> dict[str, ImageStatus | DsparkPatchError]:
     """All images from one save of their layers: a layer shared by many is read once. An image
     whose every layer (RootFS.Layers, the diff_ids) is in the scan cache is not saved at all."""
     from ..targets.layerfs import find_site, merge_scans
@@ -265,7 +268,7 @@ def _read_layers(engine: ImageStore, by_id: dict[str, list[str]], patchsets: Seq
     views: dict[str, LayerView | DsparkPatchError] = {}
     to_save = []
     for image_id in by_id:
-        diff_ids = engine.image_info(image_id).diff_ids
+        diff_ids = infos[image_id].diff_ids
         scans = [cache.get(d) for d in diff_ids]
         cached = [s for s in scans if s is not None]
         if not diff_ids or len(cached) != len(diff_ids):
@@ -283,7 +286,7 @@ def _read_layers(engine: ImageStore, by_id: dict[str, list[str]], patchsets: Seq
     except (ValueError, LookupError, TypeError, UnicodeError, tarfile.TarError) as exc:
         failure = unreadable("the images' layers", exc)
     for image_id, names in by_id.items():
-        info = engine.image_info(image_id)
+        info = infos[image_id]
         extra: dict[str, str | None] = {"id": image_id, "platform": info.platform}
         view = views.get(image_id)
         if failure is not None:
@@ -306,6 +309,5 @@ def _read_layers(engine: ImageStore, by_id: dict[str, list[str]], patchsets: Seq
     return rows
 
 
-def _all_cached(engine: ImageStore, image_id: str, cache: ScanCache) -> bool:
-    diff_ids = engine.image_info(image_id).diff_ids
-    return bool(diff_ids) and all(cache.has(d) for d in diff_ids)
+def _all_cached(info: ImageInfo, cache: ScanCache) -> bool:
+    return bool(info.diff_ids) and all(cache.has(d) for d in info.diff_ids)
