@@ -37,11 +37,12 @@ VIAS = ("auto", "layers", "container")
 CACHED = ("auto", "layers")   # the routes the scan cache serves
 
 
-def build_fleet(fixture: str, work: Path) -> list[str]:
-    name = f"dspark-patch/bench-status-{secrets.token_hex(3)}"
+def build_fleet(fixture: str, work: Path, count: int = 4, prefix: str = "bench-status") -> list[str]:
+    """`count` images on `fixture`, each with one small file of its own (their base layers shared)."""
+    name = f"dspark-patch/{prefix}-{secrets.token_hex(3)}"
     refs = []
-    for i in range(4):
-        context = work / str(i)
+    for i in range(count):
+        context = work / f"ctx{i}"
         context.mkdir()
         (context / "f").write_text(f"# bench edit {i}\n")
         (context / "Dockerfile").write_text(f"FROM {fixture}\nCOPY f {SITE}/vllm/bench_edit_{i}.py\n")

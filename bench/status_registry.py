@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import secrets
 import subprocess
 import sys
 import tempfile
@@ -30,25 +29,13 @@ sys.path.insert(0, str(ROOT))
 from tests.support import images  # noqa: E402
 from tests.support.registry import docker_login, loopback_registry, push_only_to_registry  # noqa: E402
 
-SITE = "/usr/local/lib/python3.11/dist-packages"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from status_fleet import build_fleet  # noqa: E402  (the same fleet: one file of its own per tag)
+
 CLI = str(ROOT / ".venv" / "bin" / "dspark-patch")
 USER, PASSWORD = "bench", "bench-password"
 # distribution's access log: "GET /v2/REPO/blobs/sha256:… HTTP/1.1" 200 BYTES
 _GET = re.compile(r'"GET /v2/\S+/blobs/(sha256:[0-9a-f]{64}) HTTP/[0-9.]+" (\d{3}) (\d+)')
-
-
-def build_tags(fixture: str, work: Path, count: int) -> list[str]:
-    name = f"dspark-patch/bench-registry-{secrets.token_hex(3)}"
-    refs = []
-    for i in range(count):
-        context = work / f"ctx{i}"
-        context.mkdir()
-        (context / "f").write_text(f"# bench edit {i}\n")
-        (context / "Dockerfile").write_text(f"FROM {fixture}\nCOPY f {SITE}/vllm/bench_edit_{i}.py\n")
-        subprocess.run(["docker", "build", "--quiet", "--network", "none", "-t", f"{name}:{i}", str(context)],
-                       check=True, capture_output=True)
-        refs.append(f"{name}:{i}")
-    return refs
 
 
 def fetched(log: Path, since: int, configs: set[str]) -> tuple[int, int]:
@@ -74,7 +61,7 @@ def main() -> None:
     fixture = images.fixture_image()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        local = [fixture, *build_tags(fixture, work, 9)]
+        local = [fixture, *build_fleet(fixture, work, 9, prefix="bench-registry")]
         try:
             with loopback_registry(work / "registry", login=(USER, PASSWORD)) as address:
                 config = work / "docker-config"
