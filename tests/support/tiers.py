@@ -27,6 +27,10 @@ FAST = "fast"
 # Fixtures that start a loopback registry (tests/support/registry.py).
 REGISTRY_FIXTURES = frozenset({"registry", "login_registry", "registry_only_fixture"})
 SETUP_ENV = "DSPARK_PATCH_SETUP_TIMES"
+# scripts/test's first session (the fast tier in parallel) writes its rows to this file ("later")
+# instead of printing them; the next session prints them in its table.
+TIER_LOG_ENV = "DSPARK_PATCH_TIER_LOG"
+TIER_TABLE_ENV = "DSPARK_PATCH_TIER_TABLE"
 
 _seconds: dict[str, float] = defaultdict(float)
 _tests: dict[str, set[str]] = defaultdict(set)
@@ -77,21 +81,50 @@ def _clock(seconds: float) -> str:
     return f"{minutes:d}:{rest:02d}"
 
 
+def _earlier_rows() -> list[str]:
+    """What an earlier session of this run (scripts/test's parallel fast tier) left in the log."""
+    path = os.environ.get(TIER_LOG_ENV)
+    if not path or os.environ.get(TIER_TABLE_ENV) == "later":
+        return []
+    try:
+        with open(path, encoding="utf-8") as f:
+            return [line.rstrip("\n") for line in f if line.strip()]
+    except OSError:
+        return []
+
+
 def summary(terminalreporter) -> None:
-    """The timing table, on stderr, before pytest's own closing line."""
-    setup = _setup_rows()
-    tiers = [(t, _seconds[t], len(_tests[t])) for t in (FAST, *reversed(TIERS)) if _tests[t]]
-    if not setup and not tiers:
+    """The timing table, on stderr, before pytest's own closing line (not from xdist workers)."""
+    if hasattr(terminalreporter.config, "workerinput"):
         return
+    workers = getattr(terminalreporter.config.option, "numprocesses", None)
+    tiers = [(t, _seconds[t], len(_tests[t])) for t in (FAST, *reversed(TIERS)) if _tests[t]]
+    # The tiers count their tests' own time (summed over workers); pytest's wall time adds
+    # collection and start-up.
+    wall = time.monotonic() - _started[0] if _started else sum(s for _, s, _ in tiers)
+    label = f"pytest (wall, -n {workers})" if workers else "pytest (wall)"
+    session = [f"  tier: {name:<16} {count:>6} {_clock(s):>7}" for name, s, count in tiers]
+    session.append(f"  {label:<22} {sum(c for _, _, c in tiers):>6} {_clock(wall):>7}")
+    if os.environ.get(TIER_TABLE_ENV) == "later":
+        # scripts/test runs another session after this one: its table shows these rows too.
+        path = os.environ.get(TIER_LOG_ENV)
+        if path:
+            with open(path, "a", encoding="utf-8") as f:
+                f.write("\n".join(session) + f"\n#wall {wall}\n")
+        return
+    setup = _setup_rows()
+    earlier = _earlier_rows()
+    if not setup and not tiers and not earlier:
+        return
+    earlier_wall = sum(float(line.split()[1]) for line in earlier if line.startswith("#wall "))
     lines = ["", "time by tier (m:ss)", f"  {'step':<22} {'tests':>6} {'time':>7}"]
     lines += [f"  set-up: {name:<14} {'':>6} {_clock(s):>7}" for name, s in setup]
-    lines += [f"  tier: {name:<16} {count:>6} {_clock(s):>7}" for name, s, count in tiers]
-    # The tiers count their tests' own time; pytest's wall time adds collection and start-up.
-    wall = time.monotonic() - _started[0] if _started else sum(s for _, s, _ in tiers)
-    lines.append(f"  {'pytest (wall)':<22} {sum(c for _, _, c in tiers):>6} {_clock(wall):>7}")
-    lines.append(f"  {'total':<22} {'':>6} {_clock(sum(s for _, s in setup) + wall):>7}")
+    lines += [line for line in earlier if not line.startswith("#wall ")]
+    lines += session
+    lines.append(f"  {'total':<22} {'':>6} {_clock(sum(s for _, s in setup) + earlier_wall + wall):>7}")
     # pytest writes to stdout: flush it so the table lands after what it wrote so far.
     terminalreporter.flush()
     stream = sys.__stderr__ or sys.stderr
     stream.write("\n".join(lines) + "\n")
     stream.flush()
+
