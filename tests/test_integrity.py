@@ -380,6 +380,40 @@ def test_bytecode_that_differs_only_in_its_instructions_fails_verify_and_apply(t
     assert res.returncode == 0, res.stderr[-800:]
 
 
+def test_a_kept_bytecode_proof_spares_the_compile_and_never_covers_a_changed_pyc(tmp_path: Path) -> None:
+    """A second verify of a local tree proves its bytecode from the proofs the first one kept
+    (no compile, seconds saved per run); a .pyc changed since, or a damaged proofs file, gets no
+    proof from it: the forged file is named as before, and a damaged file only costs the compile."""
+    tree = vllm.tree_copy("0.33.0", tmp_path / "site-packages")
+    env = {"DSPARK_PATCH_CACHE": str(tmp_path / "cache")}
+
+    def verify(name: str) -> dict:
+        res = run("verify", "--root", str(tree), "--python", PY, "--no-probe", "--json",
+                  "--report-dir", str(tmp_path / name), env=env)
+        assert res.returncode in (0, 1), res.stderr
+        return res.json["integrity"]
+
+    first = verify("v1")
+    assert first["bytecode_checked"] > 3000 and first["bytecode_proofs_reused"] == 0
+    assert (tmp_path / "cache/bytecode/proofs").is_file()
+    second = verify("v2")
+    # the unpatched tree's two patched files have pip's timestamp bytecode, named stale, never proofs
+    assert len(first["stale_bytecode"]) == 2 and second["stale_bytecode"] == first["stale_bytecode"]
+    assert second["bytecode_checked"] == first["bytecode_checked"]
+    assert second["bytecode_proofs_reused"] == second["bytecode_checked"] - 2
+
+    logger = tree / "vllm/logger.py"
+    replace_file(Path(importlib.util.cache_from_source(str(logger))), instructions_only_pyc(logger))
+    third = verify("v3")
+    assert third["bytecode_proofs_reused"] == second["bytecode_proofs_reused"] - 1
+    named = sorted(set(third["stale_bytecode"]) - set(second["stale_bytecode"]))
+    assert [line.split()[0] for line in named] == ["vllm/__pycache__/logger.cpython-311.pyc"], named
+
+    (tmp_path / "cache/bytecode/proofs").write_bytes(b"\x00not proofs\n" * 10)
+    fourth = verify("v4")
+    assert fourth["bytecode_proofs_reused"] == 0 and fourth["stale_bytecode"] == third["stale_bytecode"]
+
+
 # --- class 8 / 9: bad RECORD data, FIFOs ------------------------------------------------------------------
 MALFORMED_ROWS = ("vllm/envs.py,sha256=not*base64!,100", "vllm/envs.py,sha256=AAAA,100",
                   "vllm/envs.py,sha256=,12x", "vllm/envs.py,md5=abc,1")

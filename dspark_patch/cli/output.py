@@ -158,7 +158,7 @@ def summary(report: AuditReport, report_dir: Path | None) -> None:
         against = f"against {i.reference}" if i.reference else "(no published wheel known to check against)"
         rows.append(("integrity", f"{i.checked} files checked {against}, {len(i.mismatched)} mismatched, "
                                   f"{len(i.missing)} missing, {len(i.added)} added, {len(i.record_disagrees)} RECORD rows "
-                                  f"disagree, {i.bytecode_checked} .pyc recompiled, {len(i.not_checked)} outside the tree "
+                                  f"disagree, {_bytecode(i)}, {len(i.not_checked)} outside the tree "
                                   "not checked"))
     if report.layer:
         rows.append(("layer", f"{len(report.layer.changes)} changes" + ("" if report.layer.ok else f", {len(report.layer.unexpected)} unexpected")))
@@ -213,3 +213,10 @@ def print_json(text: str) -> None:
 
 def print_text(text: str) -> None:
     _out.print(text, markup=False)
+
+
+def _bytecode(i) -> str:
+    if i.bytecode_proofs_reused:
+        fresh = i.bytecode_checked - i.bytecode_proofs_reused
+        return f"{i.bytecode_checked} .pyc proven ({i.bytecode_proofs_reused} by a kept proof, {fresh} recompiled)"
+    return f"{i.bytecode_checked} .pyc recompiled"

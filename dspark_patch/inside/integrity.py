@@ -2,10 +2,11 @@
 
 Usage: python -I -B -c SOURCE REQUEST_JSON, where the request is
   {"location": DIR, "folders": [the distribution's own top-level folders],
-   "patched": [patched source paths, relative to location]}
+   "patched": [patched source paths, relative to location],
+   "proven": FILE (optional: the host's cache of proofs, for a local tree only)}
 Prints {"files": {path: [sha256, size]}, "others": [entries that are not regular files],
 "top_level": [names], "pth": {name: text (latin-1) or null}, "pth_listed": [names],
-"bytecode": {pyc path: why-not-or-""}, "proven": N}. The host (dspark_patch.references
+"bytecode": {pyc path: why-not-or-""}, "proofs_reused": N}. The host (dspark_patch.references
 `compare`) checks those facts against the published wheel; nothing here trusts the RECORD.
 
 Every entry is looked at with lstat first: a FIFO, socket, device or symlink is listed in
@@ -24,6 +25,16 @@ it is a finding like any other. A .pyc the interpreter would not load (its
 header does not match the source, another magic number) is harmless and skipped, except for the
 patched files, whose bytecode the tool wrote checked-hash: there any other header is named.
 
+Proofs kept (`proven`, given only for a local tree: the file lives in the user's cache folder,
+`$DSPARK_PATCH_CACHE/bytecode/`, which nothing of the target can write). A proof is one line, the
+sha256 of: this interpreter's identity (the bytes of its executable and of the libpython it has
+mapped, its version and magic number), the optimisation level, the source's sha256 and the
+.pyc's sha256. Compiling is a pure function of those, so a .pyc whose line is there is what this
+interpreter compiles from that source, and it is not compiled again (vLLM's 3,231 modules take
+seconds to compile; a second check of the same tree takes a fraction of a second). Only proofs
+("" verdicts) are kept; the header checks run every time; a file that cannot be read as proofs
+is no proofs. Without a readable /proc/self/maps there is no identity, and nothing is kept.
+
 `own_folders` and `added_files` are the old RECORD-based rule, kept for `dspark-patch status`
 when no reference exists for a release (status/assess.py); stdlib only, no upward import.
 """
@@ -39,6 +50,8 @@ import sys
 
 PTH_CAP = 64 * 1024
 PYC_CAP = 64 << 20
+PROOFS_CAP = 64 << 20        # a proofs file larger than this is not read (and not written)
+_PROOF = re.compile(r"^[0-9a-f]{64}$")
 _PYC = re.compile(r"^(?P<stem>[^.]+)\.(?P<tag>[^.]+)(?:\.opt-(?P<opt>[12]))?\.pyc$")
 
 
@@ -179,7 +192,77 @@ def _header_loads(header, source, source_path):
     return ""
 
 
-def check_pyc(location, pyc_rel, source_rel, opt, *, patched):
+def _identity():
+    """sha256 of what compiles here: the executable's bytes, the libpython mapped in, the version
+    and magic number; None where that cannot be known (no /proc/self/maps)."""
+    digest = hashlib.sha256()
+    digest.update(sys.version.encode() + b"\0" + importlib.util.MAGIC_NUMBER + b"\0")
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as fh:
+            mapped = {line.split(None, 5)[5].strip() for line in fh if len(line.split(None, 5)) == 6}
+    except OSError:
+        return None
+    executable = os.path.realpath(sys.executable)
+    libs = sorted(p for p in mapped if os.path.basename(p).startswith("libpython") and p.startswith("/"))
+    for path in [executable, *libs]:
+        try:
+            with open(path, "rb") as fh:
+                for block in iter(lambda: fh.read(1 << 20), b""):
+                    digest.update(block)
+        except OSError:
+            return None
+        digest.update(b"\0" + path.encode() + b"\0")
+    return digest.hexdigest()
+
+
+class _Proofs:
+    """The proofs file of `proven`, read once; new proofs are written back at the end, atomically."""
+
+    def __init__(self, path):
+        self.path = path
+        self.identity = _identity() if path else None
+        self.known = set()
+        self.new = set()
+        self.reused = 0
+        if self.identity is None:
+            return
+        try:
+            if os.path.getsize(path) <= PROOFS_CAP:
+                with open(path, encoding="ascii") as fh:
+                    self.known = {line.strip() for line in fh if _PROOF.match(line.strip())}
+        except (OSError, ValueError):
+            self.known = set()
+
+    def key(self, opt, source, data):
+        if self.identity is None:
+            return None
+        return hashlib.sha256(f"{self.identity}\0{opt}\0{hashlib.sha256(source).hexdigest()}\0"
+                              f"{hashlib.sha256(data).hexdigest()}".encode()).hexdigest()
+
+    def save(self):
+        if self.identity is None or not self.new:
+            return
+        lines = sorted(self.known | self.new)
+        if len(lines) * 65 > PROOFS_CAP:
+            lines = sorted(self.new)
+        folder = os.path.dirname(self.path)
+        temp = f"{self.path}.{os.getpid()}.tmp"
+        try:
+            os.makedirs(folder, exist_ok=True)
+            with open(temp, "w", encoding="ascii") as fh:
+                fh.write("".join(line + "\n" for line in lines))
+            os.replace(temp, self.path)
+        except OSError:
+            try:
+                os.unlink(temp)
+            except OSError:
+                pass
+
+
+_NO_PROOFS = _Proofs(None)
+
+
+def check_pyc(location, pyc_rel, source_rel, opt, *, patched, proofs=_NO_PROOFS):
     """'' when the .pyc this interpreter would load has the code of its source; else why not."""
     pyc = os.path.join(location, pyc_rel)
     source_path = os.path.join(location, source_rel)
@@ -195,18 +278,23 @@ def check_pyc(location, pyc_rel, source_rel, opt, *, patched):
         return "is timestamp bytecode, expected checked-hash"
     if patched and not flags & 0b10:
         return "is unchecked-hash bytecode (never revalidated)"
+    key = proofs.key(opt, source, data)
+    if key is not None and key in proofs.known:
+        proofs.reused += 1
+        return ""
     try:
         fresh = compile(source, source_path, "exec", dont_inherit=True, optimize=opt)
     except (SyntaxError, ValueError) as exc:
         return f"has no source to match: {source_rel} does not compile ({type(exc).__name__})"
-    if marshal.dumps(fresh) == data[16:]:
-        return ""
     try:
-        loaded = marshal.loads(data[16:])
+        same = marshal.dumps(fresh) == data[16:] or marshal.loads(data[16:]) == fresh
     except (EOFError, ValueError, TypeError):
         return "is not valid bytecode"
-    if loaded == fresh:
+    if same:
+        if key is not None:
+            proofs.new.add(key)
         return ""
+    loaded = marshal.loads(data[16:])
     if _same_shape(loaded, fresh):
         return (f"does not hold the code of {source_rel}: its names and constants are the source's, its instructions "
                 f"are not what {sys.executable} ({sys.version.split()[0]}) compiles (another release of the "
@@ -234,7 +322,7 @@ def _same_shape(a, b):
     return all(_same_shape(a.co_consts[i], b.co_consts[i]) for i in range(len(a.co_consts)))
 
 
-def check_bytecode_all(location, files, patched):
+def check_bytecode_all(location, files, patched, proofs=_NO_PROOFS):
     tag = sys.implementation.cache_tag
     results = {}
     for rel in sorted(files):
@@ -247,7 +335,7 @@ def check_bytecode_all(location, files, patched):
         if source_rel not in files:
             continue  # sourceless: never loaded from __pycache__; the host counts it as added
         opt = int(found.group("opt") or 0)
-        results[rel] = check_pyc(location, rel, source_rel, opt, patched=source_rel in patched)
+        results[rel] = check_pyc(location, rel, source_rel, opt, patched=source_rel in patched, proofs=proofs)
     for source_rel in patched:  # the tool compiled these: their bytecode must be there
         pyc = importlib.util.cache_from_source(source_rel)
         if source_rel in files and pyc not in results:
@@ -260,8 +348,12 @@ def main(request):
     files, others = _walk(location, request["folders"])
     top_level, pth, pth_listed = _top_level(location)
     patched = set(request.get("patched", []))
+    proofs = _Proofs(request.get("proven"))
+    bytecode = check_bytecode_all(location, files, patched, proofs)
+    proofs.save()
     return {"files": files, "others": others, "top_level": top_level, "pth": pth, "pth_listed": pth_listed,
-            "bytecode": check_bytecode_all(location, files, patched), "cache_tag": sys.implementation.cache_tag}
+            "bytecode": bytecode, "cache_tag": sys.implementation.cache_tag,
+            "proofs_reused": proofs.reused}
 
 
 if __name__ == "__main__":

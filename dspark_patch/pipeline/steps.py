@@ -27,6 +27,7 @@ from ..patchset import PatchSet, Variant, resolve
 from ..probe.prestart import EarlyProbe
 from ..probe.run import run_probe, start_probe_early
 from ..report.model import CompiledFile, CompileReport, FileReport, HunkReport, IntegrityReport, PatchReport, ProbeReport
+from ..targets import cachedir
 from ..targets.base import Distribution, Target
 from .runlog import RunLog, with_distribution
 
@@ -192,13 +193,18 @@ def check_integrity(target: Target, dist: Distribution, diff: Diff, variant: Var
     top = dist.name.replace("-", "_").lower()
     folders = own_folders(p for p, _ in record) | {top}
     folders |= references.folders_of(dist.name, dist.version)
-    request = {"location": dist.location, "folders": sorted(folders), "patched": py_files}
+    request: dict[str, object] = {"location": dist.location, "folders": sorted(folders), "patched": py_files}
+    if target.info.kind == "local":
+        # The interpreter runs on this machine: it may keep its proofs in the user's cache folder
+        # (inside/integrity.py says why a kept proof is as good as a compile).
+        request["proven"] = str(cachedir.bytecode_proofs())
     result = target.run_python(inside_source("integrity"), [json.dumps(request)], timeout=900)
     try:
         doc = json.loads(result.stdout.decode("utf-8"))
         files = {str(p): str(v[0]) for p, v in doc["files"].items()}
         pth = {str(k): (None if v is None else str(v).encode("latin-1")) for k, v in doc["pth"].items()}
         bytecode = {str(k): str(v) for k, v in doc["bytecode"].items()}
+        reused = int(doc.get("proofs_reused", 0))
     except (ValueError, KeyError, TypeError, AttributeError, IndexError):
         raise VerifyMismatch(
             f"the integrity check could not run with {dist.python}: {result.stderr.decode('utf-8', 'replace').strip()[-300:]}"
@@ -213,13 +219,14 @@ def check_integrity(target: Target, dist: Distribution, diff: Diff, variant: Var
     if ref is None:
         return IntegrityReport(checked=0, not_checked=not_checked, stale_bytecode=stale, reference=None,
                                unverified=(references.no_reference(dist.name, dist.version, wheel),),
-                               bytecode_checked=len(bytecode))
+                               bytecode_checked=len(bytecode), bytecode_proofs_reused=reused)
     found = references.compare(ref, hashes=files, others=doc.get("others", ()), record=record, post_images=post,
                                top_level=doc.get("top_level", ()), pth=pth, listed_anywhere=doc.get("pth_listed", ()))
     return IntegrityReport(
         checked=found.checked, mismatched=tuple(p for p in found.unexplained if p not in patched),
         missing=tuple(p for p in found.missing if p not in patched), not_checked=not_checked, stale_bytecode=stale,
-        added=found.added, reference=ref.wheel, record_disagrees=found.record_disagrees, bytecode_checked=len(bytecode))
+        added=found.added, reference=ref.wheel, record_disagrees=found.record_disagrees, bytecode_checked=len(bytecode),
+        bytecode_proofs_reused=reused)
 
 
 def integrity_problems(i: IntegrityReport) -> list[str]:

@@ -235,7 +235,9 @@ def to_markdown(report: AuditReport) -> str:
     if i is not None:
         lines += ["### Integrity of the rest of the distribution", ""]
         against = f"the published wheel {_code(i.reference)}" if i.reference else "no published wheel (none known)"
-        lines.append(f"{i.checked} files checked against {against}; {i.bytecode_checked} .pyc files recompiled and compared.")
+        lines.append(f"{i.checked} files checked against {against}; {i.bytecode_checked} .pyc files recompiled and compared"
+                     + (f" ({i.bytecode_proofs_reused} of them proven by a proof kept from an earlier compile)"
+                        if i.bytecode_proofs_reused else "") + ".")
         lines += [f"- ❌ {_cell(u)}" for u in i.unverified]
         for label, paths in (
             ("❌ differ from the published wheel", i.mismatched),

@@ -35,9 +35,10 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import BadInput
+from .. import cachedir
 from .scan import Entry, LayerScan
 
-ENV_ROOT = "DSPARK_PATCH_CACHE"
+ENV_ROOT = cachedir.ENV_ROOT
 ENV_MAX = "DSPARK_PATCH_CACHE_MAX"
 DEFAULT_MAX = 1 << 30
 MAGIC = b"dspark-patch layer scan 1\n"
@@ -48,9 +49,7 @@ _SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
 def default_root() -> Path:
     """`scans/` in the project's cache folder, $DSPARK_PATCH_CACHE (default ~/.cache/dspark-patch,
     where the wheels and images of scripts/ and tests/ are kept too)."""
-    given = os.environ.get(ENV_ROOT, "").strip()
-    base = Path(given) if given else Path(os.path.expanduser("~")) / ".cache" / "dspark-patch"
-    return base / "scans"
+    return cachedir.home() / "scans"
 
 
 def parse_size(text: str, what: str) -> int:
