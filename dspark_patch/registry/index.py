@@ -21,13 +21,8 @@ import os
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
-
-import oras.auth
-import oras.container
-import oras.provider
-import requests
-import requests.adapters
+from functools import cache
+from typing import TYPE_CHECKING, Any
 
 from dspark_patch.errors import BadInput, CheckFailed, DsparkPatchError, EnvironmentProblem, TargetNotFound
 from dspark_patch.imageref import ImageRef
@@ -51,6 +46,13 @@ from dspark_patch.registry.manifest import (
     parse_index,
 )
 from dspark_patch.registry.platform_select import Platform
+
+if TYPE_CHECKING:
+    import oras.container
+    import requests
+
+# oras-py and requests are imported where a registry is first spoken to, not with this module:
+# every command imports it, and those two cost a fifth of a second of each CLI start.
 
 # A config or attestation blob read back through `fetch_blob`: bounded like a manifest, larger.
 BLOB_LIMIT = 64 << 20
@@ -181,25 +183,35 @@ def check_before_pull(ref: str) -> None:
         return
 
 
-class _Timeouts(requests.adapters.HTTPAdapter):
-    """Every request of the session gets a connect and read timeout unless it names one: oras'
-    client sets none, and a registry that accepts the connection and never answers would hold
-    the run for ever. The session's token requests go through it too."""
+@cache
+def _timeouts_adapter() -> type:
+    import requests.adapters
 
-    def __init__(self, timeout_s: float) -> None:
-        super().__init__()
-        self._timeout_s = timeout_s
+    class _Timeouts(requests.adapters.HTTPAdapter):
+        """Every request of the session gets a connect and read timeout unless it names one: oras'
+        client sets none, and a registry that accepts the connection and never answers would hold
+        the run for ever. The session's token requests go through it too."""
 
-    def send(self, request: requests.PreparedRequest, **kwargs: Any) -> requests.Response:  # type: ignore[override]
-        if kwargs.get("timeout") is None:
-            kwargs["timeout"] = self._timeout_s
-        return super().send(request, **kwargs)
+        def __init__(self, timeout_s: float) -> None:
+            super().__init__()
+            self._timeout_s = timeout_s
+
+        def send(self, request: requests.PreparedRequest, **kwargs: Any) -> requests.Response:  # type: ignore[override]
+            if kwargs.get("timeout") is None:
+                kwargs["timeout"] = self._timeout_s
+            return super().send(request, **kwargs)
+
+    return _Timeouts
 
 
-# oras' `do_request` retries any failure five times with back-off (about two minutes). The
-# function under its retry decorator does one request (and the auth challenge's retry), which
-# is what a gate wants: a registry that fails is reported at once, exit 3.
-_ONE_REQUEST = getattr(oras.provider.Registry.do_request, "__wrapped__", oras.provider.Registry.do_request)
+def _one_request(client: Any, url: str, method: str, **kwargs: Any) -> requests.Response:
+    """oras' `do_request` retries any failure five times with back-off (about two minutes). The
+    function under its retry decorator does one request (and the auth challenge's retry), which
+    is what a gate wants: a registry that fails is reported at once, exit 3."""
+    import oras.provider
+
+    do = oras.provider.Registry.do_request
+    return getattr(do, "__wrapped__", do)(client, url, method, **kwargs)
 
 
 class Registry:
@@ -222,16 +234,20 @@ class Registry:
         self._timeout_s = timeout_s
         # Basic-auth registries (htpasswd) and token registries need different oras backends;
         # the /v2/ challenge says which. Asking first also fails fast on a dead registry.
+        import oras.provider
+
         scheme = self._challenge_scheme()
         self._needs_login = scheme == "basic"
         self._client = oras.provider.Registry(
             hostname=host, insecure=insecure, auth_backend="basic" if scheme == "basic" else "token"
         )
-        adapter = _Timeouts(timeout_s)
+        adapter = _timeouts_adapter()(timeout_s)
         self._client.session.mount("http://", adapter)
         self._client.session.mount("https://", adapter)
 
     def _challenge_scheme(self) -> str:
+        import requests
+
         try:
             # stream=True and closed unread: only the status and the header are wanted.
             with requests.get(f"{self._prefix}://{self.host}/v2/", timeout=self._timeout_s, stream=True) as answer:
@@ -244,6 +260,8 @@ class Registry:
         return challenge.split(" ", 1)[0].lower()
 
     def _container(self, reference: str) -> oras.container.Container:
+        import oras.container
+
         try:
             container = oras.container.Container(reference)
         except ValueError as exc:
@@ -263,8 +281,11 @@ class Registry:
                  data: bytes | None = None) -> tuple[requests.Response, bytes]:
         """One request through oras' client (its auth, its session), the answer read whole but
         bounded: at most `limit` bytes and `ANSWER_DEADLINE_S` seconds."""
+        import oras.auth
+        import requests
+
         try:
-            answer = _ONE_REQUEST(self._client, url, method, data=data, headers=headers, stream=True)
+            answer = _one_request(self._client, url, method, data=data, headers=headers, stream=True)
         except requests.RequestException as exc:
             raise RegistryUnreachable(f"registry {self.host} did not answer {doing} ({type(exc).__name__})",
                                       hint="check that the registry is running and reachable") from None
@@ -275,6 +296,8 @@ class Registry:
             return answer, self._read(answer, doing, limit)
 
     def _read(self, answer: requests.Response, doing: str, limit: int) -> bytes:
+        import requests
+
         declared = answer.headers.get("Content-Length", "")
         if declared.isdigit() and int(declared) > limit:
             raise BadManifest(f"{self.host} answered {doing} with {int(declared)} bytes, more than the "
@@ -401,8 +424,11 @@ class Registry:
         container = self._container(ImageRef.parse(reference).name)
         url = f"{self._prefix}://{container.get_blob_url(digest)}"
         doing = f"reading {digest} of {reference}"
+        import oras.auth
+        import requests
+
         try:
-            answer = _ONE_REQUEST(self._client, url, "GET", headers={}, stream=True)
+            answer = _one_request(self._client, url, "GET", headers={}, stream=True)
         except requests.RequestException as exc:
             raise RegistryUnreachable(f"registry {self.host} did not answer {doing} ({type(exc).__name__})",
                                       hint="check that the registry is running and reachable") from None
@@ -420,6 +446,8 @@ class Registry:
 
     def push_blob(self, repository: str, blob: bytes) -> str:
         """Upload a small blob (a config, an attestation statement); returns its digest."""
+        import requests
+
         container = self._container(f"{repository}:unused")
         digest = digest_of(blob)
         with tempfile.NamedTemporaryFile() as fh:  # oras uploads from a path
