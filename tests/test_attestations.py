@@ -25,7 +25,7 @@ from dspark_patch.registry.index import OCI_MANIFEST, Registry, digest_of
 from tests.support import images
 from tests.support.cli import run
 from tests.support.keys import keyid, make_key
-from tests.support.registry import docker_login, loopback_registry
+from tests.support.registry import login_registry_in
 
 pytestmark = pytest.mark.engine
 
@@ -33,13 +33,10 @@ USER, PASSWORD = "dspark", "s3cret-" + uuid.uuid4().hex[:8]
 
 
 @pytest.fixture(scope="module")
-def reg(tmp_path_factory):
+def login_registry(tmp_path_factory):
     """(host, DOCKER_CONFIG folder, the registry's log) of a registry asking for a login."""
-    work = tmp_path_factory.mktemp("attest-registry")
-    with loopback_registry(work / "registry", login=(USER, PASSWORD)) as host:
-        config = work / "docker-config"
-        docker_login(config, host, USER, PASSWORD)
-        yield host, config, work / "registry" / "registry.log"
+    with login_registry_in(tmp_path_factory.mktemp("attest-registry"), USER, PASSWORD) as reg:
+        yield reg
 
 
 @pytest.fixture(scope="module")
@@ -50,9 +47,9 @@ def keys(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def signed(reg, keys, tmp_path_factory):
+def signed(login_registry, keys, tmp_path_factory):
     """`apply --image FIXTURE --tag HOST/... --push --sign-key` with an encrypted P-256 key, once."""
-    host, config, _ = reg
+    host, config, _ = login_registry
     tag = f"{host}/dspark-patch/signed:{uuid.uuid4().hex[:8]}"
     out = tmp_path_factory.mktemp("signed")
     res = run("apply", "--image", images.fixture_image(), "--tag", tag, "--push", "--sign-key", str(keys["ec"].private),
@@ -61,8 +58,8 @@ def signed(reg, keys, tmp_path_factory):
     subprocess.run(["docker", "rmi", "--force", tag], capture_output=True, check=False)
 
 
-def _env(reg) -> dict[str, str]:
-    return {"DOCKER_CONFIG": str(reg[1])}
+def _env(login_registry) -> dict[str, str]:
+    return {"DOCKER_CONFIG": str(login_registry[1])}
 
 
 def _skopeo_raw(ref: str) -> dict:
@@ -90,7 +87,7 @@ def _pushed(audit: dict) -> tuple[str, str]:
     return repository, digest
 
 
-def test_apply_signs_and_attaches_the_statement_to_the_pushed_manifest(signed, keys, reg):
+def test_apply_signs_and_attaches_the_statement_to_the_pushed_manifest(signed, keys, login_registry):
     tag, res, audit, out = signed
     assert res.returncode == 0, res.stderr
     repository, digest = _pushed(audit)
@@ -113,8 +110,8 @@ def test_apply_signs_and_attaches_the_statement_to_the_pushed_manifest(signed, k
     assert f'name="attestation: {repository}@{digest}"' in (out / "junit.xml").read_text()
 
 
-def test_securesystemslib_verifies_the_envelope_an_independent_client(signed, keys, reg):
-    host = reg[0]
+def test_securesystemslib_verifies_the_envelope_an_independent_client(signed, keys, login_registry):
+    host = login_registry[0]
     audit = signed[2]
     repository, digest = _pushed(audit)
     path = repository.removeprefix(host + "/")
@@ -130,8 +127,8 @@ def test_securesystemslib_verifies_the_envelope_an_independent_client(signed, ke
     assert statement["predicate"]["status"] == "applied"
 
 
-def test_verify_attestation_passes_without_pulling_a_layer(signed, keys, reg, tmp_path):
-    host, _, log = reg
+def test_verify_attestation_passes_without_pulling_a_layer(signed, keys, login_registry, tmp_path):
+    host, _, log = login_registry
     tag, audit = signed[0], signed[2]
     repository, digest = _pushed(audit)
     layers = [la["digest"] for la in _skopeo_raw(f"{repository}@{digest}")["layers"]]
@@ -139,7 +136,7 @@ def test_verify_attestation_passes_without_pulling_a_layer(signed, keys, reg, tm
     subprocess.run(["docker", "rmi", tag], capture_output=True, check=False)  # the engine cannot help itself
     assert not _engine_has(audit["result_image"]["id"])
     res = run("verify", "--image", tag, "--attestation", "--key", str(keys["ec"].public), "--json",
-              "--report-dir", str(tmp_path / "r"), env=_env(reg))
+              "--report-dir", str(tmp_path / "r"), env=_env(login_registry))
     assert res.returncode == 0, res.stderr
     (checked,) = res.json["attestations"]
     assert checked["state"] == "valid" and checked["subject"] == f"{repository}@{digest}"
@@ -158,19 +155,19 @@ def _one_line(res, code: int = 1) -> str:
     return res.assert_clean_error(code)
 
 
-def test_verify_refuses_a_wrong_public_key(signed, keys, reg, tmp_path):
+def test_verify_refuses_a_wrong_public_key(signed, keys, login_registry, tmp_path):
     tag = signed[0]
     res = run("verify", "--image", tag, "--attestation", "--key", str(keys["other"].public),
-              "--report-dir", str(tmp_path / "r"), env=_env(reg))
+              "--report-dir", str(tmp_path / "r"), env=_env(login_registry))
     assert "wrong key" in _one_line(res)
 
 
-def test_verify_finds_no_referrer_on_an_image_nobody_attested(signed, keys, reg, tmp_path):
-    host = reg[0]
+def test_verify_finds_no_referrer_on_an_image_nobody_attested(signed, keys, login_registry, tmp_path):
+    host = login_registry[0]
     copy = f"{host}/dspark-patch/unattested:{uuid.uuid4().hex[:8]}"
     _copy(signed[0], copy)
     res = run("verify", "--image", copy, "--attestation", "--key", str(keys["ec"].public),
-              "--report-dir", str(tmp_path / "r"), env=_env(reg))
+              "--report-dir", str(tmp_path / "r"), env=_env(login_registry))
     assert "no referrer" in _one_line(res)
 
 
@@ -201,48 +198,48 @@ def _signed_envelope(host: str, audit: dict) -> bytes:
 
 
 @pytest.fixture
-def victim(signed, reg, monkeypatch):
+def victim(signed, login_registry, monkeypatch):
     """A copy of the signed image in its own repository (same digest, no attestation yet)."""
-    monkeypatch.setenv("DOCKER_CONFIG", str(reg[1]))
-    ref = f"{reg[0]}/dspark-patch/victim-{uuid.uuid4().hex[:8]}:latest"
+    monkeypatch.setenv("DOCKER_CONFIG", str(login_registry[1]))
+    ref = f"{login_registry[0]}/dspark-patch/victim-{uuid.uuid4().hex[:8]}:latest"
     _copy(signed[0], ref)
     return ref
 
 
-def test_verify_refuses_a_tampered_payload(signed, keys, reg, victim, tmp_path):
-    document = json.loads(_signed_envelope(reg[0], signed[2]))
+def test_verify_refuses_a_tampered_payload(signed, keys, login_registry, victim, tmp_path):
+    document = json.loads(_signed_envelope(login_registry[0], signed[2]))
     statement = json.loads(base64.b64decode(document["payload"]))
     statement["predicate"]["patch"]["variant"] = "someone-elses"
     document["payload"] = base64.b64encode(json.dumps(statement).encode()).decode()
-    _forge(reg[0], victim, json.dumps(document).encode())
+    _forge(login_registry[0], victim, json.dumps(document).encode())
     res = run("verify", "--image", victim, "--attestation", "--key", str(keys["ec"].public),
-              "--report-dir", str(tmp_path / "r"), env=_env(reg))
+              "--report-dir", str(tmp_path / "r"), env=_env(login_registry))
     assert "bad signature" in _one_line(res)
 
 
-def test_verify_refuses_an_attestation_copied_onto_another_images_digest(signed, keys, reg, tmp_path, monkeypatch):
-    host = reg[0]
-    monkeypatch.setenv("DOCKER_CONFIG", str(reg[1]))
+def test_verify_refuses_an_attestation_copied_onto_another_images_digest(signed, keys, login_registry, tmp_path, monkeypatch):
+    host = login_registry[0]
+    monkeypatch.setenv("DOCKER_CONFIG", str(login_registry[1]))
     other = f"{host}/dspark-patch/source-{uuid.uuid4().hex[:8]}:0.33.0"
     subprocess.run(["docker", "tag", images.fixture_image(), other], check=True, capture_output=True)
     try:
-        subprocess.run(["docker", "--config", str(reg[1]), "push", "--quiet", other], check=True, capture_output=True)
+        subprocess.run(["docker", "--config", str(login_registry[1]), "push", "--quiet", other], check=True, capture_output=True)
     finally:
         subprocess.run(["docker", "rmi", other], capture_output=True, check=False)
     _forge(host, other, _signed_envelope(host, signed[2]))  # a valid signature, about another digest
     res = run("verify", "--image", other, "--attestation", "--key", str(keys["ec"].public),
-              "--report-dir", str(tmp_path / "r"), env=_env(reg))
+              "--report-dir", str(tmp_path / "r"), env=_env(login_registry))
     assert "subject mismatch" in _one_line(res)
 
 
-def test_verify_refuses_an_artifact_re_pointed_at_another_digest(signed, keys, reg, victim, tmp_path):
-    host = reg[0]
+def test_verify_refuses_an_artifact_re_pointed_at_another_digest(signed, keys, login_registry, victim, tmp_path):
+    host = login_registry[0]
     other = f"{host}/dspark-patch/victim-{uuid.uuid4().hex[:8]}:other"
     _copy(f"{signed[0]}", other)
     source = f"{host}/dspark-patch/source-{uuid.uuid4().hex[:8]}:0.33.0"
     subprocess.run(["docker", "tag", images.fixture_image(), source], check=True, capture_output=True)
     try:
-        subprocess.run(["docker", "--config", str(reg[1]), "push", "--quiet", source], check=True, capture_output=True)
+        subprocess.run(["docker", "--config", str(login_registry[1]), "push", "--quiet", source], check=True, capture_output=True)
     finally:
         subprocess.run(["docker", "rmi", source], capture_output=True, check=False)
     victim_repo = victim.rsplit(":", 1)[0]
@@ -250,23 +247,23 @@ def test_verify_refuses_an_artifact_re_pointed_at_another_digest(signed, keys, r
     # The victim's fallback tag lists an artifact whose subject is the unpatched image.
     _forge(host, victim, _signed_envelope(host, signed[2]), subject_ref=f"{victim_repo}:unpatched")
     res = run("verify", "--image", victim, "--attestation", "--key", str(keys["ec"].public),
-              "--report-dir", str(tmp_path / "r"), env=_env(reg))
+              "--report-dir", str(tmp_path / "r"), env=_env(login_registry))
     assert "subject mismatch" in _one_line(res)
 
 
-def test_verify_refuses_a_signed_statement_whose_predicate_says_failed(signed, keys, reg, victim, tmp_path, monkeypatch):
+def test_verify_refuses_a_signed_statement_whose_predicate_says_failed(signed, keys, login_registry, victim, tmp_path, monkeypatch):
     monkeypatch.setenv("DSPARK_PATCH_SIGN_PASSPHRASE", "correct horse")
-    document = json.loads(_signed_envelope(reg[0], signed[2]))
+    document = json.loads(_signed_envelope(login_registry[0], signed[2]))
     statement = json.loads(base64.b64decode(document["payload"]))
     statement["predicate"]["probe"]["ok"] = False
-    _forge(reg[0], victim, envelope(statement, load_signer(Path(keys["ec"].private))))  # signed by the right key
+    _forge(login_registry[0], victim, envelope(statement, load_signer(Path(keys["ec"].private))))  # signed by the right key
     res = run("verify", "--image", victim, "--attestation", "--key", str(keys["ec"].public),
-              "--report-dir", str(tmp_path / "r"), env=_env(reg))
+              "--report-dir", str(tmp_path / "r"), env=_env(login_registry))
     assert "predicate says failed" in _one_line(res)
 
 
-def test_status_with_a_key_shows_attested_yes_no_invalid_per_image(signed, keys, reg, tmp_path):
-    host, config, _ = reg
+def test_status_with_a_key_shows_attested_yes_no_invalid_per_image(signed, keys, login_registry, tmp_path):
+    host, config, _ = login_registry
     tag = signed[0]
     subprocess.run(["docker", "--config", str(config), "pull", "--quiet", tag], capture_output=True, check=True)
     bare = f"{host}/dspark-patch/bare-{uuid.uuid4().hex[:8]}:latest"
@@ -274,7 +271,7 @@ def test_status_with_a_key_shows_attested_yes_no_invalid_per_image(signed, keys,
     subprocess.run(["docker", "--config", str(config), "pull", "--quiet", bare], capture_output=True, check=True)
     try:
         res = run("status", "--image", tag, "--image", bare, "--key", str(keys["ec"].public), "--json",
-                  "--report-dir", str(tmp_path / "r"), env=_env(reg))
+                  "--report-dir", str(tmp_path / "r"), env=_env(login_registry))
         assert res.returncode == 0, res.stderr
         rows = {row["ref"]: row for row in res.json["images"]}
         assert rows[tag]["patch_sets"]["dspark-skip-mtp-buffer"] == "applied"
@@ -284,7 +281,7 @@ def test_status_with_a_key_shows_attested_yes_no_invalid_per_image(signed, keys,
         assert "attested" in (tmp_path / "r" / "status.md").read_text()
         assert "attested dspark-skip-mtp-buffer: yes" in (tmp_path / "r" / "junit.xml").read_text()
         # Another team's key: the attestation there does not hold for it, which is a finding.
-        other = run("status", "--image", tag, "--key", str(keys["other"].public), "--json", env=_env(reg))
+        other = run("status", "--image", tag, "--key", str(keys["other"].public), "--json", env=_env(login_registry))
         assert other.returncode == 1, other.stderr
         (row,) = other.json["images"]
         assert row["attested"] == {"dspark-skip-mtp-buffer": "invalid"} and "wrong key" in row["attested_detail"][0]
@@ -292,8 +289,8 @@ def test_status_with_a_key_shows_attested_yes_no_invalid_per_image(signed, keys,
         subprocess.run(["docker", "rmi", bare], capture_output=True, check=False)
 
 
-def test_the_fallback_tag_keeps_the_entries_other_tools_put_there(signed, keys, reg, victim, tmp_path):
-    host = reg[0]
+def test_the_fallback_tag_keeps_the_entries_other_tools_put_there(signed, keys, login_registry, victim, tmp_path):
+    host = login_registry[0]
     registry = Registry(host)
     repository = victim.rsplit(":", 1)[0]
     subject = registry.fetch(victim)
@@ -314,14 +311,14 @@ def test_the_fallback_tag_keeps_the_entries_other_tools_put_there(signed, keys, 
     assert [m["digest"] for m in after["manifests"]] == [pushed.digest, done.artifact]
     assert after["manifests"][0] == entry and after["annotations"] == {"org.example.owner": "sbom-tool"}
     res = run("verify", "--image", victim, "--attestation", "--key", str(keys["ec"].public),
-              "--report-dir", str(tmp_path / "r"), env=_env(reg))
+              "--report-dir", str(tmp_path / "r"), env=_env(login_registry))
     assert res.returncode == 0, res.stderr
 
 
-def test_a_fallback_tag_that_holds_something_else_is_left_as_it_is(signed, reg, victim):
+def test_a_fallback_tag_that_holds_something_else_is_left_as_it_is(signed, login_registry, victim):
     from dspark_patch.registry.index import RegistryRefused
 
-    host = reg[0]
+    host = login_registry[0]
     registry = Registry(host)
     repository = victim.rsplit(":", 1)[0]
     subject = registry.fetch(victim)

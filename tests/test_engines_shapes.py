@@ -23,7 +23,7 @@ import pytest
 from dspark_patch.targets.docker import CONFIG_FIELDS
 from tests.support import images
 from tests.support.cli import run
-from tests.support.registry import docker_login, loopback_registry, push_only_to_registry
+from tests.support.registry import login_registry_in, push_only_to_registry
 
 LABEL_PREFIX = "io.github.dspark-patch"
 
@@ -212,11 +212,8 @@ USER, PASSWORD = "dspark", "s3cret-" + uuid.uuid4().hex[:8]
 @pytest.fixture(scope="module")
 def login_registry(tmp_path_factory):
     """A loopback registry asking for a login, and a DOCKER_CONFIG folder holding that login."""
-    work = tmp_path_factory.mktemp("login-registry")
-    with loopback_registry(work / "registry", login=(USER, PASSWORD)) as address:
-        config = work / "docker-config"
-        docker_login(config, address, USER, PASSWORD)
-        yield address, config
+    with login_registry_in(tmp_path_factory.mktemp("login-registry"), USER, PASSWORD) as reg:
+        yield reg.address, reg.config
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ import pytest
 
 from tests.support import images
 from tests.support.cli import run
-from tests.support.registry import docker_login, loopback_registry, push_only_to_registry
+from tests.support.registry import login_registry_in, push_only_to_registry
 from tests.test_status import PATCH_ID, fleet
 
 pytestmark = [pytest.mark.engine, pytest.mark.registry]
@@ -35,11 +35,8 @@ KINDS = ("fixture", "patched", "edited", "elsewhere", "added")
 @pytest.fixture(scope="module")
 def login_registry(tmp_path_factory):
     """A loopback registry asking for a login, a DOCKER_CONFIG holding it, and its log file."""
-    work = tmp_path_factory.mktemp("status-registry")
-    with loopback_registry(work / "registry", login=(USER, PASSWORD)) as address:
-        config = work / "docker-config"
-        docker_login(config, address, USER, PASSWORD)
-        yield address, config, work / "registry" / "registry.log"
+    with login_registry_in(tmp_path_factory.mktemp("status-registry"), USER, PASSWORD) as reg:
+        yield reg
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import NamedTuple
 
 CONFIG = """\
 version: 0.1
@@ -92,6 +93,23 @@ def _write_htpasswd(path: Path, user: str, password: str) -> None:
     # -B: distribution accepts only bcrypt entries. -i: the password comes on stdin, not argv.
     subprocess.run([binary, "-B", "-i", "-c", str(path), user], input=password, text=True,
                    check=True, capture_output=True)
+
+
+class LoginRegistry(NamedTuple):
+    address: str        # 127.0.0.1:PORT
+    config: Path        # a DOCKER_CONFIG folder holding the login
+    log: Path           # the registry's own log (one line per request: what was fetched)
+
+
+@contextmanager
+def login_registry_in(work: Path, user: str, password: str) -> Iterator[LoginRegistry]:
+    """A loopback registry asking for `user`'s login, and a DOCKER_CONFIG folder holding it: what
+    the `login_registry` fixtures of the test modules give (tests/support/tiers.py marks a test
+    that takes a fixture of that name `registry`)."""
+    with loopback_registry(work / "registry", login=(user, password)) as address:
+        config = work / "docker-config"
+        docker_login(config, address, user, password)
+        yield LoginRegistry(address, config, work / "registry" / "registry.log")
 
 
 def docker_login(config_dir: Path, registry: str, user: str, password: str) -> None:
