@@ -3,10 +3,10 @@
 Usage: python -I -B -c SOURCE REQUEST_JSON, where the request is
   {"location": DIR, "folders": [the distribution's own top-level folders],
    "patched": [patched source paths, relative to location],
-   "proven": FILE (optional: the host's cache of proofs, for a local tree only)}
+   "proofs": base64 of 16-byte proofs (optional, see below)}
 Prints {"files": {path: [sha256, size]}, "others": [entries that are not regular files],
 "top_level": [names], "pth": {name: text (latin-1) or null}, "pth_listed": [names],
-"bytecode": {pyc path: why-not-or-""}, "proofs_reused": N}. The host (dspark_patch.references
+"bytecode": {pyc path: why-not-or-""}, "identity", "proofs", "proofs_reused"}. The host (dspark_patch.references
 `compare`) checks those facts against the published wheel; nothing here trusts the RECORD.
 
 Every entry is looked at with lstat first: a FIFO, socket, device or symlink is listed in
@@ -25,20 +25,23 @@ it is a finding like any other. A .pyc the interpreter would not load (its
 header does not match the source, another magic number) is harmless and skipped, except for the
 patched files, whose bytecode the tool wrote checked-hash: there any other header is named.
 
-Proofs kept (`proven`, given only for a local tree: the file lives in the user's cache folder,
-`$DSPARK_PATCH_CACHE/bytecode/`, which nothing of the target can write). A proof is one line, the
-sha256 of: this interpreter's identity (the bytes of its executable and of the libpython it has
-mapped, its version and magic number), the optimisation level, the source's sha256 and the
-.pyc's sha256. Compiling is a pure function of those, so a .pyc whose line is there is what this
-interpreter compiles from that source, and it is not compiled again (vLLM's 3,231 modules take
-seconds to compile; a second check of the same tree takes a fraction of a second). Only proofs
-("" verdicts) are kept; the header checks run every time; a file that cannot be read as proofs
-is no proofs. Without a readable /proc/self/maps there is no identity, and nothing is kept.
+Proofs (`proofs`, sent by the host from the user's cache folder, `$DSPARK_PATCH_CACHE/bytecode/`,
+which nothing of the target writes: this script only reads them and answers the new ones). A
+proof is the first 16 bytes of the sha256 of: this interpreter's identity (the bytes of its
+executable and of the libpython it has mapped, its version and magic number), the optimisation
+level, the source's sha256 and the .pyc's sha256. Compiling is a pure function of those, so a
+.pyc whose proof was sent is what this interpreter compiles from that source, and it is not
+compiled again (vLLM's 3,231 modules take seconds to compile, far longer under emulation; a
+second check of the same release takes a fraction of a second). Only "" verdicts are proofs; the
+header checks run every time. The answer carries `identity`, `proofs` (base64: every proof of
+this run, reused or new) and `proofs_reused`; without a readable /proc/self/maps there is no identity and no proof. The
+image's interpreter is trusted here as it is for every other fact this script gathers.
 
 `own_folders` and `added_files` are the old RECORD-based rule, kept for `dspark-patch status`
 when no reference exists for a release (status/assess.py); stdlib only, no upward import.
 """
 
+import base64
 import hashlib
 import importlib.util
 import json
@@ -50,8 +53,7 @@ import sys
 
 PTH_CAP = 64 * 1024
 PYC_CAP = 64 << 20
-PROOFS_CAP = 64 << 20        # a proofs file larger than this is not read (and not written)
-_PROOF = re.compile(r"^[0-9a-f]{64}$")
+PROOF_BYTES = 16             # a proof: the first 128 bits of its sha256 (a second preimage costs 2**128)
 _PYC = re.compile(r"^(?P<stem>[^.]+)\.(?P<tag>[^.]+)(?:\.opt-(?P<opt>[12]))?\.pyc$")
 
 
@@ -216,47 +218,33 @@ def _identity():
 
 
 class _Proofs:
-    """The proofs file of `proven`, read once; new proofs are written back at the end, atomically."""
+    """The proofs the host sent (`proofs`: base64 of 16-byte keys), and the ones made here."""
 
-    def __init__(self, path):
-        self.path = path
-        self.identity = _identity() if path else None
+    def __init__(self, sent):
+        self.identity = _identity() if sent is not None else None
         self.known = set()
         self.new = set()
+        self.held = set()    # every proof of this run: reused or new
         self.reused = 0
         if self.identity is None:
             return
         try:
-            if os.path.getsize(path) <= PROOFS_CAP:
-                with open(path, encoding="ascii") as fh:
-                    self.known = {line.strip() for line in fh if _PROOF.match(line.strip())}
-        except (OSError, ValueError):
-            self.known = set()
+            raw = base64.b64decode(sent, validate=True)
+        except (ValueError, TypeError):
+            raw = b""
+        self.known = {raw[i:i + PROOF_BYTES] for i in range(0, len(raw) - len(raw) % PROOF_BYTES, PROOF_BYTES)}
 
     def key(self, opt, source, data):
         if self.identity is None:
             return None
         return hashlib.sha256(f"{self.identity}\0{opt}\0{hashlib.sha256(source).hexdigest()}\0"
-                              f"{hashlib.sha256(data).hexdigest()}".encode()).hexdigest()
+                              f"{hashlib.sha256(data).hexdigest()}".encode()).digest()[:PROOF_BYTES]
 
-    def save(self):
-        if self.identity is None or not self.new:
-            return
-        lines = sorted(self.known | self.new)
-        if len(lines) * 65 > PROOFS_CAP:
-            lines = sorted(self.new)
-        folder = os.path.dirname(self.path)
-        temp = f"{self.path}.{os.getpid()}.tmp"
-        try:
-            os.makedirs(folder, exist_ok=True)
-            with open(temp, "w", encoding="ascii") as fh:
-                fh.write("".join(line + "\n" for line in lines))
-            os.replace(temp, self.path)
-        except OSError:
-            try:
-                os.unlink(temp)
-            except OSError:
-                pass
+    def answer(self):
+        if self.identity is None:
+            return {}
+        return {"identity": self.identity, "proofs_reused": self.reused,
+                "proofs": base64.b64encode(b"".join(sorted(self.held))).decode("ascii")}
 
 
 _NO_PROOFS = _Proofs(None)
@@ -281,6 +269,7 @@ def check_pyc(location, pyc_rel, source_rel, opt, *, patched, proofs=_NO_PROOFS)
     key = proofs.key(opt, source, data)
     if key is not None and key in proofs.known:
         proofs.reused += 1
+        proofs.held.add(key)
         return ""
     try:
         fresh = compile(source, source_path, "exec", dont_inherit=True, optimize=opt)
@@ -293,6 +282,7 @@ def check_pyc(location, pyc_rel, source_rel, opt, *, patched, proofs=_NO_PROOFS)
     if same:
         if key is not None:
             proofs.new.add(key)
+            proofs.held.add(key)
         return ""
     loaded = marshal.loads(data[16:])
     if _same_shape(loaded, fresh):
@@ -348,12 +338,10 @@ def main(request):
     files, others = _walk(location, request["folders"])
     top_level, pth, pth_listed = _top_level(location)
     patched = set(request.get("patched", []))
-    proofs = _Proofs(request.get("proven"))
+    proofs = _Proofs(request.get("proofs"))
     bytecode = check_bytecode_all(location, files, patched, proofs)
-    proofs.save()
     return {"files": files, "others": others, "top_level": top_level, "pth": pth, "pth_listed": pth_listed,
-            "bytecode": bytecode, "cache_tag": sys.implementation.cache_tag,
-            "proofs_reused": proofs.reused}
+            "bytecode": bytecode, "cache_tag": sys.implementation.cache_tag, **proofs.answer()}
 
 
 if __name__ == "__main__":

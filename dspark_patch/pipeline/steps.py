@@ -27,7 +27,7 @@ from ..patchset import PatchSet, Variant, resolve
 from ..probe.prestart import EarlyProbe
 from ..probe.run import run_probe, start_probe_early
 from ..report.model import CompiledFile, CompileReport, FileReport, HunkReport, IntegrityReport, PatchReport, ProbeReport
-from ..targets import cachedir
+from ..targets import proofs
 from ..targets.base import Distribution, Target
 from .runlog import RunLog, with_distribution
 
@@ -194,10 +194,9 @@ def check_integrity(target: Target, dist: Distribution, diff: Diff, variant: Var
     folders = own_folders(p for p, _ in record) | {top}
     folders |= references.folders_of(dist.name, dist.version)
     request: dict[str, object] = {"location": dist.location, "folders": sorted(folders), "patched": py_files}
-    if target.info.kind == "local":
-        # The interpreter runs on this machine: it may keep its proofs in the user's cache folder
-        # (inside/integrity.py says why a kept proof is as good as a compile).
-        request["proven"] = str(cachedir.bytecode_proofs())
+    # Proofs kept from an earlier check by the same interpreter (inside/integrity.py says why a
+    # kept proof is as good as a compile; targets/proofs.py where they are kept).
+    request["proofs"] = proofs.to_send(target.info, dist)
     result = target.run_python(inside_source("integrity"), [json.dumps(request)], timeout=900)
     try:
         doc = json.loads(result.stdout.decode("utf-8"))
@@ -205,6 +204,7 @@ def check_integrity(target: Target, dist: Distribution, diff: Diff, variant: Var
         pth = {str(k): (None if v is None else str(v).encode("latin-1")) for k, v in doc["pth"].items()}
         bytecode = {str(k): str(v) for k, v in doc["bytecode"].items()}
         reused = int(doc.get("proofs_reused", 0))
+        proofs.keep(target.info, dist, doc)
     except (ValueError, KeyError, TypeError, AttributeError, IndexError):
         raise VerifyMismatch(
             f"the integrity check could not run with {dist.python}: {result.stderr.decode('utf-8', 'replace').strip()[-300:]}"

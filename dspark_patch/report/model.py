@@ -140,7 +140,7 @@ class IntegrityReport:
     record_disagrees: tuple[str, ...] = ()  # the target's RECORD rows that differ from the wheel
     unverified: tuple[str, ...] = ()      # "no reference for vllm X …"
     bytecode_checked: int = 0             # .pyc files the interpreter would load, recompiled and compared
-    bytecode_proofs_reused: int = 0       # of those, proven by a kept proof (a local tree: no compile)
+    bytecode_proofs_reused: int = 0       # of those, proven by a proof kept from an earlier check (no compile)
     notes: tuple[str, ...] = ()           # kept for the schema; empty since bytecode that is not its source's is stale_bytecode
 
 
