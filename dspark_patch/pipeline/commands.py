@@ -16,7 +16,7 @@ from ..patching.plan import plan_patch
 from ..patchset import resolve
 from ..report.model import AuditReport, FileReport, ImageRecord
 from ..targets.base import ImageCapable, PullCallback, Target
-from .image_steps import check_labels, commit_image, take_layer
+from .image_steps import check_labels, commit_image, refuse_unimported, take_layer, unimported_copies
 from .requests import ApplyRequest, ImageSpec, LocalSpec, ProbeRequest, TargetSpec, VerifyRequest
 from .runlog import RunLog, StepCallback, target_report, with_distribution
 from .steps import (
@@ -131,6 +131,8 @@ def _apply(request: ApplyRequest, target: Target, run: RunLog) -> AuditReport:
         run.notes.append(f"--allow-unreviewed: variant {variant.name} has not been reviewed by a person")
     if image is not None and image.spec.tag and not request.dry_run:
         image.target.refuse_existing_tag(image.spec.tag, force=image.spec.force)
+    if image is not None:
+        refuse_unimported(image.target, dist, run)
     reader = CachingReader(target)
     hash_checks = not patchset.is_bare and not request.allow_unknown_base
     assert run.draft.patch is not None  # set by prepare()
@@ -234,6 +236,9 @@ def _verify(request: VerifyRequest, target: Target, run: RunLog) -> AuditReport:
         problems += integrity_problems(i)
 
     if isinstance(target, ImageCapable):
+        copy = unimported_copies(target, dist, run)
+        if copy is not None:
+            problems.append(copy)
         with run.step("labels"):
             problems += check_labels(target, variant, patchset)
 

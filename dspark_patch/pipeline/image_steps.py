@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from .. import __version__
-from ..errors import LayerMismatch
+from ..errors import LayerMismatch, UnimportedCopy
 from ..imageref import ImageRef
 from ..patching.plan import FilePlan, PatchPlan
 from ..patchset import PatchSet, Variant
@@ -20,6 +20,28 @@ from .runlog import RunLog
 from .steps import bytecode_paths
 
 LABEL_PREFIX = "io.github.dspark-patch"
+
+
+def unimported_copies(target: ImageCapable, dist: Distribution, run: RunLog) -> str | None:
+    """A copy of the distribution that no interpreter of the image imports, as one line, or None.
+
+    Not what runs today, but what makes the image's later audits ambiguous: a decoy that a
+    reader ranking site folders takes for the answer, a stale install that a changed entrypoint
+    or PYTHONPATH would run (issue 16, class 3). `apply` refuses such an image, `verify` fails it."""
+    with run.step("other copies"):
+        others = target.unimported(dist.name)
+    if not others:
+        return None
+    return (f"{', '.join(f'{s}/{dist.name}' for s in others)}: a copy of {dist.name} that no interpreter of the image "
+            f"imports (the one that runs is at {dist.location})")
+
+
+def refuse_unimported(target: ImageCapable, dist: Distribution, run: RunLog) -> None:
+    """`apply`, before anything is written: an image holding a copy no interpreter imports is refused."""
+    found = unimported_copies(target, dist, run)
+    if found is not None:
+        raise UnimportedCopy(f"{run.draft.target.ref}: {found}; nothing was written",
+                             hint="remove that copy from the image, or rebuild the image with one vLLM install")
 
 
 def take_layer(target: ImageCapable, dist: Distribution, plan: PatchPlan, pyc_before: dict[str, bytes | None],

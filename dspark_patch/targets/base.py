@@ -182,6 +182,11 @@ class ImageCapable(Target, Protocol):
         """The source image's labels."""
         ...
 
+    def unimported(self, distribution: str) -> tuple[str, ...]:
+        """Site folders of the image that hold `distribution` but that no interpreter of the
+        image imports it from (a decoy, a stale second install); after `locate`."""
+        ...
+
     def refuse_existing_tag(self, tag: str, *, force: bool) -> None:
         """Raise TagExists when `tag` exists and `force` is not given."""
         ...

@@ -19,10 +19,11 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ...distname import filename_name
 from ...errors import AmbiguousDistribution, BadInput, CheckFailed, DsparkPatchError, TargetNotFound, UnsafePatch
 from ...inside import ISOLATED
 from ...inside import source as inside_source
-from .. import interpreter
+from .. import imageconfig, interpreter
 from ..base import (
     HANDSHAKE_PREFIX,
     CommittedImage,
@@ -63,6 +64,8 @@ class ImageTarget:
         self._work: WorkContainer | None = None
         self._python: str | None = None   # the keep-alive's interpreter (any python will do)
         self._dist: Distribution | None = None
+        self._imported: set[str] = set()  # the site folders the located interpreters import from
+        self._located: set[str] = set()   # the interpreters locate ran
         self._notes: list[str] = []
         self._layer: bytes | None = None
         self._stack = ExitStack()
@@ -160,6 +163,7 @@ class ImageTarget:
                 results.append(interpreter.Located(interpreter=python, found=self._locate_with(python.path, distribution)))
             except CheckFailed as exc:  # one broken python (say, a python2) need not hide the others
                 failures.append(exc)
+        self._note_imported(results)
         if failures and not any(r.found["found"] for r in results):
             raise failures[0]
         found = interpreter.choose(self.ref, distribution, results).found
@@ -188,6 +192,37 @@ class ImageTarget:
             record=tuple(RecordEntry(path=p, sha256=h, size=s) for p, h, s in found["record"]),
         )
         return self._dist
+
+    def unimported(self, distribution: str) -> tuple[str, ...]:
+        """The site folders at the usual places (imageconfig.site_candidates, the ones `status`
+        lists as `unimported`) that hold `distribution`'s package but that no interpreter of the
+        image imports it from: a decoy beside the copy that runs, or a stale second install.
+        Stats only, after `locate`; with --python the image's other interpreters are asked too
+        (a copy some interpreter imports is no decoy)."""
+        top = filename_name(distribution)
+
+        def stat(path: str) -> dict[str, Any] | None:
+            return self.engine.path_stat(self.container.id, path)
+
+        sites = imageconfig.site_candidates(self.source.config, lambda p: imageconfig.is_dir(stat(p)))
+        holding = [s for s in sites if stat(f"{s}/{top}/__init__.py") is not None]
+        left = [s for s in holding if posixpath.normpath(s) not in self._imported]
+        if left:
+            others = [p for p in self._interpreters() if p.path not in self._located]
+            results = []
+            for python in others:
+                try:
+                    results.append(interpreter.Located(interpreter=python, found=self._locate_with(python.path, distribution)))
+                except CheckFailed:
+                    continue  # a python that does not run imports nothing
+            self._note_imported(results)
+            left = [s for s in left if posixpath.normpath(s) not in self._imported]
+        return tuple(left)
+
+    def _note_imported(self, results: Sequence[interpreter.Located]) -> None:
+        self._located |= {r.interpreter.path for r in results}
+        self._imported |= {posixpath.normpath(str(r.found["location"])) for r in results
+                           if r.found.get("found") and r.found.get("location")}
 
     def _interpreters(self) -> list[interpreter.Interpreter]:
         """The image's distinct python environments, entrypoint's first (stats only; nothing runs)."""
