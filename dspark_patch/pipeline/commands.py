@@ -16,7 +16,7 @@ from ..patching.plan import plan_patch
 from ..patchset import resolve
 from ..report.model import AuditReport, FileReport, ImageRecord
 from ..targets.base import ImageCapable, PullCallback, Target
-from .image_steps import check_labels, commit_image, refuse_unimported, take_layer, unimported_copies
+from .image_steps import LayerCheck, check_labels, commit_image, refuse_unimported, take_layer, unimported_copies
 from .requests import ApplyRequest, ImageSpec, LocalSpec, ProbeRequest, TargetSpec, VerifyRequest
 from .runlog import RunLog, StepCallback, target_report, with_distribution
 from .steps import (
@@ -133,6 +133,7 @@ def _apply(request: ApplyRequest, target: Target, run: RunLog) -> AuditReport:
         image.target.refuse_existing_tag(image.spec.tag, force=image.spec.force)
     if image is not None:
         refuse_unimported(image.target, dist, run)
+    layers = LayerCheck(image.target, patchset.distribution) if image is not None else None
     reader = CachingReader(target)
     hash_checks = not patchset.is_bare and not request.allow_unknown_base
     assert run.draft.patch is not None  # set by prepare()
@@ -154,6 +155,8 @@ def _apply(request: ApplyRequest, target: Target, run: RunLog) -> AuditReport:
         run.notes.append("every hunk is already in place; nothing was written")
         for name in ("write", "compile", "probe"):
             run.skipped(name, "already applied")
+        if layers is not None:
+            layers.join(run)
         if image is not None and image.spec.tag and not request.dry_run:
             # Like a cached `docker build`: the name the caller asked for points at the
             # image that already carries the patch, so a following verify/push finds it.
@@ -165,6 +168,8 @@ def _apply(request: ApplyRequest, target: Target, run: RunLog) -> AuditReport:
     if request.dry_run:
         for name in ("write", "compile", "probe"):
             run.skipped(name, "dry run")
+        if layers is not None:
+            layers.join(run)
         return run.report("dry-run")
 
     probe = patchset.probe if request.probe else None
@@ -184,8 +189,9 @@ def _apply(request: ApplyRequest, target: Target, run: RunLog) -> AuditReport:
             probe_step(target, dist, probe, run, patchset.probe_modules, early=early)
         else:
             run.skipped("probe", "--no-probe" if not request.probe else "this patch set has no probe")
-        if image is None:
+        if image is None or layers is None:
             return run.report("applied")
+        layers.join(run)
         commit_image(image.spec, image.target, plan, patchset, variant, run)
     except BaseException:
         with run.step("restore"):

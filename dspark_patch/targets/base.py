@@ -182,6 +182,11 @@ class ImageCapable(Target, Protocol):
         """The source image's labels."""
         ...
 
+    def check_layers(self, distribution: str, keep: Iterable[str], cache: ScanCache) -> bool:
+        """Read the source image's layers with the strict layer reader and raise what it refuses;
+        layers `cache` holds are not read again. Whether the image had to be saved."""
+        ...
+
     def unimported(self, distribution: str) -> tuple[str, ...]:
         """Site folders of the image that hold `distribution` but that no interpreter of the
         image imports it from (a decoy, a stale second install); after `locate`."""

@@ -14,13 +14,21 @@ import hashlib
 import io
 import json
 import posixpath
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...distname import filename_name
-from ...errors import AmbiguousDistribution, BadInput, CheckFailed, DsparkPatchError, TargetNotFound, UnsafePatch
+from ...errors import (
+    AmbiguousDistribution,
+    BadInput,
+    CheckFailed,
+    DsparkPatchError,
+    EnvironmentProblem,
+    TargetNotFound,
+    UnsafePatch,
+)
 from ...inside import ISOLATED
 from ...inside import source as inside_source
 from .. import imageconfig, interpreter
@@ -35,11 +43,13 @@ from ..base import (
     RunResult,
     TargetInfo,
 )
+from ..layerfs import merge_scans
 from ..layers import TarStream
+from ..layers.cache import ScanCache
 from . import result_image
 from .client import DockerEngine, ImageInfo
 from .container import NEW_FILE, ExecutableMissing, FileMeta, RunningCall, WorkContainer
-from .reader import ImageReader
+from .reader import ImageReader, save_views
 
 if TYPE_CHECKING:
     from ...patching.plan import PatchPlan
@@ -219,6 +229,29 @@ class ImageTarget:
             left = [s for s in left if posixpath.normpath(s) not in self._imported]
         return tuple(left)
 
+    def check_layers(self, distribution: str, keep: Iterable[str], cache: ScanCache) -> bool:
+        """Read the source image's layers with the strict layer reader, as `status --via layers`
+        does, and raise what it refuses (a header two tar readers read differently, an unclean
+        name, a link over a folder, a cap): apply works on what the engine unpacked, but an image
+        whose layers the reader refuses is hostile, and the audit of its result would be an
+        error row. A layer whose scan `cache` holds (by diff_id) is not read again, so an image
+        whose every layer is cached costs no save; returns whether a save was needed."""
+        diff_ids = self.source.diff_ids
+        scans = [cache.get(d) for d in diff_ids]
+        if diff_ids and all(s is not None for s in scans):
+            found: object = merge_scans([s for s in scans if s is not None], where=f"image {self.ref}")
+            saved = False
+        else:
+            found = save_views(self.engine, [self.source.id], distribution, keep, cache).get(self.source.id)
+            saved = True
+        if found is None:
+            raise EnvironmentProblem(f"the engine's save of image {self.ref} did not hold all of its layers")
+        if isinstance(found, DsparkPatchError):
+            raise type(found)(f"image {self.ref}: {found.message}; nothing was written",
+                              hint=found.hint or "the engine and this tool could unpack this image differently; "
+                              "rebuild it from trusted layers")
+        return saved
+
     def _note_imported(self, results: Sequence[interpreter.Located]) -> None:
         self._located |= {r.interpreter.path for r in results}
         self._imported |= {posixpath.normpath(str(r.found["location"])) for r in results
@@ -319,8 +352,10 @@ class ImageTarget:
             absolute += ["--delete", self._absolute(path)]
         result = self.run_python(inside_source("layer"), absolute, timeout=300)
         if result.returncode != 0:
-            raise CheckFailed(f"taking the new layer from the container failed: "
-                              f"{result.stderr.decode(errors='replace').strip()[-300:]}")
+            # The last line of the image python's stderr (its error, not its traceback).
+            said = (result.stderr.decode(errors="replace").strip().splitlines() or [f"exit {result.returncode}"])[-1]
+            raise CheckFailed(f"taking the new layer from the container failed: {said[-300:]}",
+                              hint="nothing was committed; the image's python did not write the layer of the patched files")
         self._layer = result.stdout
         return layer_entries(self._layer)
 
