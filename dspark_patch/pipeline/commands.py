@@ -12,10 +12,11 @@ from contextlib import ExitStack
 from dataclasses import dataclass, replace
 
 from ..errors import BadInput, DsparkPatchError, ProbeFailed, UnreviewedVariant, VerifyMismatch
+from ..patching.diff import Diff
 from ..patching.plan import plan_patch
-from ..patchset import resolve
+from ..patchset import PatchSet, Variant, resolve
 from ..report.model import AuditReport, FileReport, ImageRecord
-from ..targets.base import ImageCapable, PullCallback, Target
+from ..targets.base import Distribution, ImageCapable, PullCallback, Target
 from .image_steps import LayerCheck, check_labels, commit_image, refuse_unimported, take_layer, unimported_copies
 from .requests import ApplyRequest, ImageSpec, LocalSpec, ProbeRequest, TargetSpec, VerifyRequest
 from .runlog import RunLog, StepCallback, target_report, with_distribution
@@ -134,6 +135,17 @@ def _apply(request: ApplyRequest, target: Target, run: RunLog) -> AuditReport:
     if image is not None:
         refuse_unimported(image.target, dist, run)
     layers = LayerCheck(image.target, patchset.distribution) if image is not None else None
+    try:
+        return _patch(request, target, run, image=image, early=early, patchset=patchset, dist=dist, variant=variant,
+                      diff=diff, layers=layers)
+    finally:
+        if layers is not None:
+            layers.cancel()  # a refusal or failure: no save of the image outlives the run
+
+
+def _patch(request: ApplyRequest, target: Target, run: RunLog, *, image: _ImageFlow | None, early: EarlyStart,
+           patchset: PatchSet, dist: Distribution, variant: Variant, diff: Diff, layers: LayerCheck | None) -> AuditReport:
+    """apply's plan, base check, write, compile, layer, probe and commit (`_apply` checked the rest)."""
     reader = CachingReader(target)
     hash_checks = not patchset.is_bare and not request.allow_unknown_base
     assert run.draft.patch is not None  # set by prepare()

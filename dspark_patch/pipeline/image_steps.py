@@ -64,6 +64,7 @@ class LayerCheck:
         self._cache = ScanCache.from_env(status_keep_identity(distribution, self._keep))
         self._saved = False
         self._error: BaseException | None = None
+        self._stop = threading.Event()
         self._started = time.monotonic()
         self._seconds = 0.0
         self._thread = threading.Thread(target=self._check, name="dspark-patch-layer-check", daemon=True)
@@ -71,11 +72,19 @@ class LayerCheck:
 
     def _check(self) -> None:
         try:
-            self._saved = self._target.check_layers(self._distribution, self._keep, self._cache)
+            self._saved = self._target.check_layers(self._distribution, self._keep, self._cache, stop=self._stop)
         except BaseException as exc:  # raised in the caller's thread by join()
             self._error = exc
         finally:
             self._seconds = time.monotonic() - self._started
+
+    def cancel(self) -> None:
+        """The run ended otherwise (refused, failed): stop a save under way (it ends at its next
+        chunk). Waited for briefly only: dockerd 20.10 sends the first byte of a save only once
+        it has exported the image (about 10 s for the fixture), and a refusal should not wait
+        for that; the thread is a daemon and ends with the process."""
+        self._stop.set()
+        self._thread.join(timeout=2.0)
 
     def join(self, run: RunLog) -> None:
         with run.step("layers"):

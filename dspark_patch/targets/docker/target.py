@@ -14,6 +14,7 @@ import hashlib
 import io
 import json
 import posixpath
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import ExitStack
 from pathlib import Path
@@ -229,20 +230,22 @@ class ImageTarget:
             left = [s for s in left if posixpath.normpath(s) not in self._imported]
         return tuple(left)
 
-    def check_layers(self, distribution: str, keep: Iterable[str], cache: ScanCache) -> bool:
+    def check_layers(self, distribution: str, keep: Iterable[str], cache: ScanCache, *,
+                     stop: threading.Event | None = None) -> bool:
         """Read the source image's layers with the strict layer reader, as `status --via layers`
         does, and raise what it refuses (a header two tar readers read differently, an unclean
         name, a link over a folder, a cap): apply works on what the engine unpacked, but an image
         whose layers the reader refuses is hostile, and the audit of its result would be an
         error row. A layer whose scan `cache` holds (by diff_id) is not read again, so an image
-        whose every layer is cached costs no save; returns whether a save was needed."""
+        whose every layer is cached costs no save; returns whether a save was needed. Setting
+        `stop` ends a save under way (EnvironmentProblem)."""
         diff_ids = self.source.diff_ids
         scans = [cache.get(d) for d in diff_ids]
         if diff_ids and all(s is not None for s in scans):
             found: object = merge_scans([s for s in scans if s is not None], where=f"image {self.ref}")
             saved = False
         else:
-            found = save_views(self.engine, [self.source.id], distribution, keep, cache).get(self.source.id)
+            found = save_views(self.engine, [self.source.id], distribution, keep, cache, stop=stop).get(self.source.id)
             saved = True
         if found is None:
             raise EnvironmentProblem(f"the engine's save of image {self.ref} did not hold all of its layers")
