@@ -89,6 +89,14 @@ class UnreadableLayout(CheckFailed):
     kind = "unreadable-layout"
 
 
+class UnimportedCopy(CheckFailed):
+    """`apply`, `verify`: the image holds the distribution in a site folder that no interpreter
+    of the image imports it from (a decoy beside the one that runs, a stale second install).
+    Which copy a later audit or a changed entrypoint meets is then not the patched one's to say."""
+
+    kind = "unimported-copy"
+
+
 class EvaluationFailed(CheckFailed):
     kind = "evaluation-failed"
 

@@ -322,8 +322,8 @@ def test_a_checksum_mismatch_is_refused() -> None:
 def test_a_decoy_site_folder_of_a_python_that_is_not_there_is_not_the_answer(trees: dict[str, Path], route: str) -> None:
     decoy = "usr/local/lib/python3.14/site-packages"
     both = ROUTES[route]([python_layer(), site_layer(trees["clean"]), site_layer(trees["patched"], decoy)])
-    assert verdict(both) == (None, "absent", False), both
-    assert both.location == f"/{SITE}" and both.unimported == (f"/{decoy}",)
+    assert verdict(both) == (None, "absent", True), both  # the copy no interpreter imports is a finding
+    assert both.location == f"/{SITE}" and both.unimported == (f"/{decoy}",) and both.exit_code == 1
     alone = ROUTES[route]([python_layer(), site_layer(trees["patched"], decoy)])
     assert_no_false_verdict(alone, says="imported by no interpreter")
     assert f"/{decoy}" in (alone.error or "")
@@ -504,6 +504,7 @@ def test_hostile_images_made_by_hand_through_the_engine_and_the_cli(trees: dict[
             decoy = rows[tags["decoy"]]
             assert (decoy["error"], decoy["patch_sets"].get(PATCH_ID)) == (None, "absent"), (via, decoy)
             assert decoy["unimported"] == ["/usr/local/lib/python3.14/site-packages"], (via, decoy)
+            assert decoy["exit_code"] == 1, (via, decoy)  # a finding (the honest row misses the files cut away)
             assert honest["unimported"] == []
             assert code == 1
         for name in ("link-over-site", "link-over-models", "decoy"):
@@ -618,8 +619,8 @@ def test_hostile_layers_over_a_really_patched_image_fail_status_and_verify(trees
             res = run("verify", "--image", tag, "--pull", "never", "--no-probe", "--report-dir", str(tmp_path / f"v-{name}"))
             assert res.returncode == 1 and "Traceback" not in res.stderr, (name, res.returncode, res.stderr[-800:])
             assert "OK: verified" not in res.stdout + res.stderr
-        # apply refuses what the engine made of the link and of the hidden header (the decoy is not
-        # refused: apply patches the site folder the interpreter imports, and never the decoy)
+        # apply refuses what the engine made of the link and of the hidden header (the decoy through
+        # apply: test_hostile_apply.py, which refuses it as `unimported-copy`)
         for name in ("models-link", "hidden-header"):
             res = run("apply", "--image", tags[name], "--tag", f"{tags[name]}-again", "--pull", "never", "--no-probe",
                       "--report-dir", str(tmp_path / f"a-{name}"))

@@ -12,11 +12,12 @@ from contextlib import ExitStack
 from dataclasses import dataclass, replace
 
 from ..errors import BadInput, DsparkPatchError, ProbeFailed, UnreviewedVariant, VerifyMismatch
+from ..patching.diff import Diff
 from ..patching.plan import plan_patch
-from ..patchset import resolve
+from ..patchset import PatchSet, Variant, resolve
 from ..report.model import AuditReport, FileReport, ImageRecord
-from ..targets.base import ImageCapable, PullCallback, Target
-from .image_steps import check_labels, commit_image, take_layer
+from ..targets.base import Distribution, ImageCapable, PullCallback, Target
+from .image_steps import LayerCheck, check_labels, commit_image, refuse_unimported, take_layer, unimported_copies
 from .requests import ApplyRequest, ImageSpec, LocalSpec, ProbeRequest, TargetSpec, VerifyRequest
 from .runlog import RunLog, StepCallback, target_report, with_distribution
 from .steps import (
@@ -131,6 +132,20 @@ def _apply(request: ApplyRequest, target: Target, run: RunLog) -> AuditReport:
         run.notes.append(f"--allow-unreviewed: variant {variant.name} has not been reviewed by a person")
     if image is not None and image.spec.tag and not request.dry_run:
         image.target.refuse_existing_tag(image.spec.tag, force=image.spec.force)
+    if image is not None:
+        refuse_unimported(image.target, dist, run)
+    layers = LayerCheck(image.target, patchset.distribution) if image is not None else None
+    try:
+        return _patch(request, target, run, image=image, early=early, patchset=patchset, dist=dist, variant=variant,
+                      diff=diff, layers=layers)
+    finally:
+        if layers is not None:
+            layers.cancel()  # a refusal or failure: no save of the image outlives the run
+
+
+def _patch(request: ApplyRequest, target: Target, run: RunLog, *, image: _ImageFlow | None, early: EarlyStart,
+           patchset: PatchSet, dist: Distribution, variant: Variant, diff: Diff, layers: LayerCheck | None) -> AuditReport:
+    """apply's plan, base check, write, compile, layer, probe and commit (`_apply` checked the rest)."""
     reader = CachingReader(target)
     hash_checks = not patchset.is_bare and not request.allow_unknown_base
     assert run.draft.patch is not None  # set by prepare()
@@ -152,6 +167,8 @@ def _apply(request: ApplyRequest, target: Target, run: RunLog) -> AuditReport:
         run.notes.append("every hunk is already in place; nothing was written")
         for name in ("write", "compile", "probe"):
             run.skipped(name, "already applied")
+        if layers is not None:
+            layers.join(run)
         if image is not None and image.spec.tag and not request.dry_run:
             # Like a cached `docker build`: the name the caller asked for points at the
             # image that already carries the patch, so a following verify/push finds it.
@@ -163,6 +180,8 @@ def _apply(request: ApplyRequest, target: Target, run: RunLog) -> AuditReport:
     if request.dry_run:
         for name in ("write", "compile", "probe"):
             run.skipped(name, "dry run")
+        if layers is not None:
+            layers.join(run)
         return run.report("dry-run")
 
     probe = patchset.probe if request.probe else None
@@ -182,8 +201,9 @@ def _apply(request: ApplyRequest, target: Target, run: RunLog) -> AuditReport:
             probe_step(target, dist, probe, run, patchset.probe_modules, early=early)
         else:
             run.skipped("probe", "--no-probe" if not request.probe else "this patch set has no probe")
-        if image is None:
+        if image is None or layers is None:
             return run.report("applied")
+        layers.join(run)
         commit_image(image.spec, image.target, plan, patchset, variant, run)
     except BaseException:
         with run.step("restore"):
@@ -234,6 +254,9 @@ def _verify(request: VerifyRequest, target: Target, run: RunLog) -> AuditReport:
         problems += integrity_problems(i)
 
     if isinstance(target, ImageCapable):
+        copy = unimported_copies(target, dist, run)
+        if copy is not None:
+            problems.append(copy)
         with run.step("labels"):
             problems += check_labels(target, variant, patchset)
 

@@ -30,7 +30,7 @@ class ImageStatus:
     unexplained: tuple[str, ...] = ()     # differ from the published wheel, no known patch set's post-image explains them
     missing: tuple[str, ...] = ()         # in the published wheel, not there
     added: tuple[str, ...] = ()           # not in the wheel (rules: dspark_patch/references `compare`)
-    unimported: tuple[str, ...] = ()      # other site folders with vLLM that no interpreter imports (not read)
+    unimported: tuple[str, ...] = ()      # other site folders with vLLM that no interpreter imports (not read; a finding)
     # Checked against the published wheel (references/): the wheel's file name, None when no
     # reference exists for this release and platform (then `unverified` says so: never clean).
     reference: str | None = None
@@ -46,7 +46,9 @@ class ImageStatus:
     def findings(self) -> bool:
         if self.error is None and self.reference is None:
             return True  # no reference: nothing proves these files are the release's
-        return bool(self.unexplained or self.missing or self.added or self.record_disagrees or self.bytecode) or any(
+        # A copy no interpreter imports is a finding too: apply refuses such an image and verify fails it.
+        return bool(self.unexplained or self.missing or self.added or self.record_disagrees or self.bytecode
+                    or self.unimported) or any(
             state in ("partial", "drifted") for _, state in self.patch_sets) or any(
             state == "invalid" for _, state in self.attested)
 

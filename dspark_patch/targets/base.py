@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
+    import threading
+
     from ..errors import DsparkPatchError
     from ..patching.plan import PatchPlan
     from .layers import LayerView
@@ -180,6 +182,18 @@ class ImageCapable(Target, Protocol):
 
     def source_labels(self) -> Mapping[str, str]:
         """The source image's labels."""
+        ...
+
+    def check_layers(self, distribution: str, keep: Iterable[str], cache: ScanCache, *,
+                     stop: threading.Event | None = None) -> bool:
+        """Read the source image's layers with the strict layer reader and raise what it refuses;
+        layers `cache` holds are not read again. Whether the image had to be saved; setting
+        `stop` ends a read under way."""
+        ...
+
+    def unimported(self, distribution: str) -> tuple[str, ...]:
+        """Site folders of the image that hold `distribution` but that no interpreter of the
+        image imports it from (a decoy, a stale second install); after `locate`."""
         ...
 
     def refuse_existing_tag(self, tag: str, *, force: bool) -> None:

@@ -31,6 +31,7 @@ import hashlib
 import io
 import json
 import posixpath
+import threading
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import replace
@@ -212,7 +213,8 @@ def _engine_url(api: docker.APIClient, path: str) -> str:
 
 
 def save_views(engine: DockerEngine, image_ids: Sequence[str], distribution: str,
-               keep: Iterable[str] = (), cache: ScanCache | None = None) -> dict[str, LayerView | DsparkPatchError]:
+               keep: Iterable[str] = (), cache: ScanCache | None = None, *,
+               stop: threading.Event | None = None) -> dict[str, LayerView | DsparkPatchError]:
     """Every image's merged view from ONE `docker save` of all of them (shared layers come once).
 
     Nothing is created on the engine. Layers are scanned as they stream past (their order in
@@ -228,12 +230,21 @@ def save_views(engine: DockerEngine, image_ids: Sequence[str], distribution: str
     if response.status_code >= 400:
         raise EnvironmentProblem(f"reading the images' layers failed: HTTP {response.status_code} {response.text.strip()[:200]}")
     try:
-        stream = io.BufferedReader(_ChunkReader(response.iter_content(1 << 20)), 1 << 20)
+        chunks = response.iter_content(1 << 20)
+        stream = io.BufferedReader(_ChunkReader(chunks if stop is None else _until(stop, chunks)), 1 << 20)
         return views_from_save(stream, image_ids, distribution, keep, cache=cache)
     except requests.exceptions.RequestException as exc:
         raise EnvironmentProblem(f"reading the images' layers failed: {exc}") from exc
     finally:
         response.close()
+
+
+def _until(stop: threading.Event, chunks: Iterator[bytes]) -> Iterator[bytes]:
+    """The chunks, ended by an error as soon as `stop` is set (a caller that no longer needs them)."""
+    for chunk in chunks:
+        if stop.is_set():
+            raise EnvironmentProblem("reading the images' layers was stopped")
+        yield chunk
 
 
 def views_from_save(stream: BinaryIO, image_ids: Sequence[str], distribution: str,

@@ -14,15 +14,25 @@ import hashlib
 import io
 import json
 import posixpath
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ...errors import AmbiguousDistribution, BadInput, CheckFailed, DsparkPatchError, TargetNotFound, UnsafePatch
+from ...distname import filename_name
+from ...errors import (
+    AmbiguousDistribution,
+    BadInput,
+    CheckFailed,
+    DsparkPatchError,
+    EnvironmentProblem,
+    TargetNotFound,
+    UnsafePatch,
+)
 from ...inside import ISOLATED
 from ...inside import source as inside_source
-from .. import interpreter
+from .. import imageconfig, interpreter
 from ..base import (
     HANDSHAKE_PREFIX,
     CommittedImage,
@@ -34,11 +44,13 @@ from ..base import (
     RunResult,
     TargetInfo,
 )
+from ..layerfs import merge_scans
 from ..layers import TarStream
+from ..layers.cache import ScanCache
 from . import result_image
 from .client import DockerEngine, ImageInfo
 from .container import NEW_FILE, ExecutableMissing, FileMeta, RunningCall, WorkContainer
-from .reader import ImageReader
+from .reader import ImageReader, save_views
 
 if TYPE_CHECKING:
     from ...patching.plan import PatchPlan
@@ -63,6 +75,8 @@ class ImageTarget:
         self._work: WorkContainer | None = None
         self._python: str | None = None   # the keep-alive's interpreter (any python will do)
         self._dist: Distribution | None = None
+        self._imported: set[str] = set()  # the site folders the located interpreters import from
+        self._located: set[str] = set()   # the interpreters locate ran
         self._notes: list[str] = []
         self._layer: bytes | None = None
         self._stack = ExitStack()
@@ -160,6 +174,7 @@ class ImageTarget:
                 results.append(interpreter.Located(interpreter=python, found=self._locate_with(python.path, distribution)))
             except CheckFailed as exc:  # one broken python (say, a python2) need not hide the others
                 failures.append(exc)
+        self._note_imported(results)
         if failures and not any(r.found["found"] for r in results):
             raise failures[0]
         found = interpreter.choose(self.ref, distribution, results).found
@@ -188,6 +203,62 @@ class ImageTarget:
             record=tuple(RecordEntry(path=p, sha256=h, size=s) for p, h, s in found["record"]),
         )
         return self._dist
+
+    def unimported(self, distribution: str) -> tuple[str, ...]:
+        """The site folders at the usual places (imageconfig.site_candidates, the ones `status`
+        lists as `unimported`) that hold `distribution`'s package but that no interpreter of the
+        image imports it from: a decoy beside the copy that runs, or a stale second install.
+        Stats only, after `locate`; with --python the image's other interpreters are asked too
+        (a copy some interpreter imports is no decoy)."""
+        top = filename_name(distribution)
+
+        def stat(path: str) -> dict[str, Any] | None:
+            return self.engine.path_stat(self.container.id, path)
+
+        sites = imageconfig.site_candidates(self.source.config, lambda p: imageconfig.is_dir(stat(p)))
+        holding = [s for s in sites if stat(f"{s}/{top}/__init__.py") is not None]
+        left = [s for s in holding if posixpath.normpath(s) not in self._imported]
+        if left:
+            others = [p for p in self._interpreters() if p.path not in self._located]
+            results = []
+            for python in others:
+                try:
+                    results.append(interpreter.Located(interpreter=python, found=self._locate_with(python.path, distribution)))
+                except CheckFailed:
+                    continue  # a python that does not run imports nothing
+            self._note_imported(results)
+            left = [s for s in left if posixpath.normpath(s) not in self._imported]
+        return tuple(left)
+
+    def check_layers(self, distribution: str, keep: Iterable[str], cache: ScanCache, *,
+                     stop: threading.Event | None = None) -> bool:
+        """Read the source image's layers with the strict layer reader, as `status --via layers`
+        does, and raise what it refuses (a header two tar readers read differently, an unclean
+        name, a link over a folder, a cap): apply works on what the engine unpacked, but an image
+        whose layers the reader refuses is hostile, and the audit of its result would be an
+        error row. A layer whose scan `cache` holds (by diff_id) is not read again, so an image
+        whose every layer is cached costs no save; returns whether a save was needed. Setting
+        `stop` ends a save under way (EnvironmentProblem)."""
+        diff_ids = self.source.diff_ids
+        scans = [cache.get(d) for d in diff_ids]
+        if diff_ids and all(s is not None for s in scans):
+            found: object = merge_scans([s for s in scans if s is not None], where=f"image {self.ref}")
+            saved = False
+        else:
+            found = save_views(self.engine, [self.source.id], distribution, keep, cache, stop=stop).get(self.source.id)
+            saved = True
+        if found is None:
+            raise EnvironmentProblem(f"the engine's save of image {self.ref} did not hold all of its layers")
+        if isinstance(found, DsparkPatchError):
+            raise type(found)(f"image {self.ref}: {found.message}; nothing was written",
+                              hint=found.hint or "the engine and this tool could unpack this image differently; "
+                              "rebuild it from trusted layers")
+        return saved
+
+    def _note_imported(self, results: Sequence[interpreter.Located]) -> None:
+        self._located |= {r.interpreter.path for r in results}
+        self._imported |= {posixpath.normpath(str(r.found["location"])) for r in results
+                           if r.found.get("found") and r.found.get("location")}
 
     def _interpreters(self) -> list[interpreter.Interpreter]:
         """The image's distinct python environments, entrypoint's first (stats only; nothing runs)."""
@@ -284,8 +355,10 @@ class ImageTarget:
             absolute += ["--delete", self._absolute(path)]
         result = self.run_python(inside_source("layer"), absolute, timeout=300)
         if result.returncode != 0:
-            raise CheckFailed(f"taking the new layer from the container failed: "
-                              f"{result.stderr.decode(errors='replace').strip()[-300:]}")
+            # The last line of the image python's stderr (its error, not its traceback).
+            said = (result.stderr.decode(errors="replace").strip().splitlines() or [f"exit {result.returncode}"])[-1]
+            raise CheckFailed(f"taking the new layer from the container failed: {said[-300:]}",
+                              hint="nothing was committed; the image's python did not write the layer of the patched files")
         self._layer = result.stdout
         return layer_entries(self._layer)
 
