@@ -22,8 +22,9 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-PY = ROOT / ".venv" / "bin" / "python"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from apply_base_check import PY, WITH, fixture  # noqa: E402  (the same CLI runner and fixture)
+
 TAG = "dspark-patch/bench:layer-check-{}"
 WITHOUT = ("import sys; from dspark_patch.pipeline import commands\n"
            "class NoCheck:\n"
@@ -32,15 +33,7 @@ WITHOUT = ("import sys; from dspark_patch.pipeline import commands\n"
            "    def cancel(self): pass\n"
            "commands.LayerCheck = NoCheck\n"
            "from dspark_patch.cli import main; sys.argv = ['dspark-patch', *sys.argv[1:]]; main()")
-WITH = "import sys; from dspark_patch.cli import main; sys.argv = ['dspark-patch', *sys.argv[1:]]; main()"
 WAYS = ("without", "cached", "uncached")
-
-
-def fixture() -> str:
-    done = subprocess.run([str(ROOT / "scripts" / "build-images")], capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        sys.exit(f"scripts/build-images failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
-    return dict(line.split(" ", 1) for line in done.stdout.splitlines())["vllm-fixture"]
 
 
 def apply_seconds(ref: str, way: str, work: Path, probe: bool) -> float:

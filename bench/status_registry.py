@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.support import images  # noqa: E402
-from tests.support.registry import docker_login, loopback_registry, push_only_to_registry  # noqa: E402
+from tests.support.registry import login_registry_in, push_only_to_registry  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from status_fleet import build_fleet  # noqa: E402  (the same fleet: one file of its own per tag)
@@ -63,15 +63,12 @@ def main() -> None:
         work = Path(tmp)
         local = [fixture, *build_fleet(fixture, work, 9, prefix="bench-registry")]
         try:
-            with loopback_registry(work / "registry", login=(USER, PASSWORD)) as address:
-                config = work / "docker-config"
-                docker_login(config, address, USER, PASSWORD)
+            with login_registry_in(work, USER, PASSWORD) as (address, config, log):
                 remote = []
                 for i, ref in enumerate(local):
                     target = f"{address}/team/vllm:t{i}"
                     push_only_to_registry(ref, target, config)
                     remote.append(target)
-                log = work / "registry" / "registry.log"
                 base = {"DOCKER_HOST": "tcp://127.0.0.1:9", "DOCKER_CONFIG": str(config)}
                 results = {}
                 for label, refs, cache in (("one image, cold cache", remote[:1], "c1"),

@@ -223,7 +223,6 @@ class _Proofs:
     def __init__(self, sent):
         self.identity = _identity() if sent is not None else None
         self.known = set()
-        self.new = set()
         self.held = set()    # every proof of this run: reused or new
         self.reused = 0
         if self.identity is None:
@@ -275,16 +274,15 @@ def check_pyc(location, pyc_rel, source_rel, opt, *, patched, proofs=_NO_PROOFS)
         fresh = compile(source, source_path, "exec", dont_inherit=True, optimize=opt)
     except (SyntaxError, ValueError) as exc:
         return f"has no source to match: {source_rel} does not compile ({type(exc).__name__})"
+    exact = marshal.dumps(fresh) == data[16:]
     try:
-        same = marshal.dumps(fresh) == data[16:] or marshal.loads(data[16:]) == fresh
+        loaded = fresh if exact else marshal.loads(data[16:])
     except (EOFError, ValueError, TypeError):
         return "is not valid bytecode"
-    if same:
+    if exact or loaded == fresh:
         if key is not None:
-            proofs.new.add(key)
             proofs.held.add(key)
         return ""
-    loaded = marshal.loads(data[16:])
     if _same_shape(loaded, fresh):
         return (f"does not hold the code of {source_rel}: its names and constants are the source's, its instructions "
                 f"are not what {sys.executable} ({sys.version.split()[0]}) compiles (another release of the "

@@ -193,10 +193,10 @@ def check_integrity(target: Target, dist: Distribution, diff: Diff, variant: Var
     top = dist.name.replace("-", "_").lower()
     folders = own_folders(p for p, _ in record) | {top}
     folders |= references.folders_of(dist.name, dist.version)
-    request: dict[str, object] = {"location": dist.location, "folders": sorted(folders), "patched": py_files}
-    # Proofs kept from an earlier check by the same interpreter (inside/integrity.py says why a
-    # kept proof is as good as a compile; targets/proofs.py where they are kept).
-    request["proofs"] = proofs.to_send(target.info, dist)
+    # `proofs`: kept from an earlier check by the same interpreter (inside/integrity.py says why
+    # a kept proof is as good as a compile; targets/proofs.py where they are kept).
+    request = {"location": dist.location, "folders": sorted(folders), "patched": py_files,
+               "proofs": proofs.to_send(target.info, dist)}
     result = target.run_python(inside_source("integrity"), [json.dumps(request)], timeout=900)
     try:
         doc = json.loads(result.stdout.decode("utf-8"))
@@ -204,11 +204,11 @@ def check_integrity(target: Target, dist: Distribution, diff: Diff, variant: Var
         pth = {str(k): (None if v is None else str(v).encode("latin-1")) for k, v in doc["pth"].items()}
         bytecode = {str(k): str(v) for k, v in doc["bytecode"].items()}
         reused = int(doc.get("proofs_reused", 0))
-        proofs.keep(target.info, dist, doc)
     except (ValueError, KeyError, TypeError, AttributeError, IndexError):
         raise VerifyMismatch(
             f"the integrity check could not run with {dist.python}: {result.stderr.decode('utf-8', 'replace').strip()[-300:]}"
         ) from None
+    proofs.keep(target.info, dist, doc)
     not_checked = tuple(p for p, _ in record if p.startswith(("/", "../")) or "/../" in p)
     stale = tuple(f"{pyc} {why}" for pyc, why in sorted(bytecode.items()) if why)
     post: dict[str, set[str | None]] = {}

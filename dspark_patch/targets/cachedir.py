@@ -6,7 +6,9 @@ its interpreter compiles, targets/proofs.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
 from pathlib import Path
 
 ENV_ROOT = "DSPARK_PATCH_CACHE"
@@ -16,3 +18,18 @@ def home() -> Path:
     given = os.environ.get(ENV_ROOT, "").strip()
     return Path(given) if given else Path(os.path.expanduser("~")) / ".cache" / "dspark-patch"
 
+
+
+def write_atomic(path: Path, data: bytes, *, suffix: str = "") -> None:
+    """Write `data` to `path` through a temporary file in its folder and `os.replace`: a reader
+    (another run) sees the old file or the new one, never half of one. Raises OSError."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=suffix)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise

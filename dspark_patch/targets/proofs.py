@@ -18,7 +18,6 @@ import base64
 import hashlib
 import os
 import re
-import tempfile
 from pathlib import Path
 
 from . import cachedir
@@ -37,11 +36,12 @@ def _root() -> Path:
 def target_key(info: TargetInfo, dist: Distribution) -> str:
     if info.kind == "image" and info.id:
         return f"image\0{info.id}\0{dist.python}"
+    python = os.path.realpath(dist.python)
     try:
-        st = os.stat(os.path.realpath(dist.python))
+        st = os.stat(python)
     except OSError:
         return ""
-    return f"local\0{os.path.realpath(dist.python)}\0{st.st_ino}\0{st.st_size}\0{st.st_mtime_ns}"
+    return f"local\0{python}\0{st.st_ino}\0{st.st_size}\0{st.st_mtime_ns}"
 
 
 def _release_key(dist: Distribution) -> str:
@@ -61,17 +61,21 @@ def to_send(info: TargetInfo, dist: Distribution) -> str:
     key = target_key(info, dist)
     if not key:
         return ""
-    try:
-        # this target's interpreter, else the last one that checked this release (a patched
-        # image is a new image id with its source's interpreter)
-        hint = _hint_file(key) if _hint_file(key).exists() else _hint_file(_release_key(dist))
-        identity = hint.read_text(encoding="ascii").strip()
+    # this target's interpreter, else the last one that checked this release (a patched image
+    # is a new image id with its source's interpreter)
+    for hint in (_hint_file(key), _hint_file(_release_key(dist))):
+        try:
+            identity = hint.read_text(encoding="ascii").strip()
+        except (OSError, UnicodeDecodeError):
+            continue
         if not _IDENTITY.match(identity):
             return ""
-        raw = _proofs_file(identity, dist).read_bytes()[: SEND_CAP * 3 // 4]
-    except (OSError, UnicodeDecodeError):
-        return ""
-    return base64.b64encode(raw[: len(raw) - len(raw) % PROOF_BYTES]).decode("ascii")
+        try:
+            raw = _proofs_file(identity, dist).read_bytes()[: SEND_CAP * 3 // 4]
+        except OSError:
+            return ""
+        return base64.b64encode(raw[: len(raw) - len(raw) % PROOF_BYTES]).decode("ascii")
+    return ""
 
 
 def _records(data: bytes) -> set[bytes]:
@@ -90,8 +94,8 @@ def keep(info: TargetInfo, dist: Distribution, answer: dict) -> None:
     except ValueError:
         return
     try:
-        _replace(_hint_file(key), identity.encode("ascii"))
-        _replace(_hint_file(_release_key(dist)), identity.encode("ascii"))
+        for hint in (_hint_file(key), _hint_file(_release_key(dist))):
+            cachedir.write_atomic(hint, identity.encode("ascii"))
         if not run:
             return
         path = _proofs_file(identity, dist)
@@ -103,21 +107,7 @@ def keep(info: TargetInfo, dist: Distribution, answer: dict) -> None:
             return
         merged = old | run
         # More than is ever sent: keep this run's own (a whole tree's, the likeliest next one).
-        _replace(path, b"".join(sorted(merged if len(merged) * PROOF_BYTES * 4 // 3 <= SEND_CAP else run)))
+        cachedir.write_atomic(path, b"".join(sorted(merged if len(merged) * PROOF_BYTES * 4 // 3 <= SEND_CAP else run)))
     except OSError:
         return
 
-
-def _replace(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(temp, path)
-    except OSError:
-        try:
-            os.unlink(temp)
-        except OSError:
-            pass
-        raise

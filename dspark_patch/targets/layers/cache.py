@@ -28,7 +28,6 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 import zlib
 from collections.abc import Mapping
 from pathlib import Path
@@ -112,16 +111,7 @@ class ScanCache:
             return
         path = self._path(diff_id)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, temp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".scan")
-            try:
-                with os.fdopen(fd, "wb") as fh:
-                    fh.write(body)
-                os.replace(temp, path)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(temp)
-                raise
+            cachedir.write_atomic(path, body, suffix=".scan")
         except OSError:
             return
         self.stores += 1
