@@ -216,6 +216,8 @@ def print_text(text: str) -> None:
 
 
 def _bytecode(i) -> str:
+    if i.kept_answer:
+        return f"{i.bytecode_checked} .pyc proven (this image's answer, kept by its id from an earlier check)"
     if i.bytecode_proofs_reused:
         fresh = i.bytecode_checked - i.bytecode_proofs_reused
         return f"{i.bytecode_checked} .pyc proven ({i.bytecode_proofs_reused} by a kept proof, {fresh} recompiled)"

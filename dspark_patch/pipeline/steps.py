@@ -7,6 +7,7 @@ import hashlib
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from .. import references
 from ..errors import (
@@ -27,8 +28,8 @@ from ..patchset import PatchSet, Variant, resolve
 from ..probe.prestart import EarlyProbe
 from ..probe.run import run_probe, start_probe_early
 from ..report.model import CompiledFile, CompileReport, FileReport, HunkReport, IntegrityReport, PatchReport, ProbeReport
-from ..targets import proofs
-from ..targets.base import Distribution, Target
+from ..targets import kept, proofs
+from ..targets.base import Distribution, ImageCapable, Target
 from .runlog import RunLog, with_distribution
 
 
@@ -193,22 +194,12 @@ def check_integrity(target: Target, dist: Distribution, diff: Diff, variant: Var
     top = dist.name.replace("-", "_").lower()
     folders = own_folders(p for p, _ in record) | {top}
     folders |= references.folders_of(dist.name, dist.version)
-    # `proofs`: kept from an earlier check by the same interpreter (inside/integrity.py says why
-    # a kept proof is as good as a compile; targets/proofs.py where they are kept).
-    request = {"location": dist.location, "folders": sorted(folders), "patched": py_files,
-               "proofs": proofs.to_send(target.info, dist)}
-    result = target.run_python(inside_source("integrity"), [json.dumps(request)], timeout=900)
-    try:
-        doc = json.loads(result.stdout.decode("utf-8"))
-        files = {str(p): str(v[0]) for p, v in doc["files"].items()}
-        pth = {str(k): (None if v is None else str(v).encode("latin-1")) for k, v in doc["pth"].items()}
-        bytecode = {str(k): str(v) for k, v in doc["bytecode"].items()}
-        reused = int(doc.get("proofs_reused", 0))
-    except (ValueError, KeyError, TypeError, AttributeError, IndexError):
-        raise VerifyMismatch(
-            f"the integrity check could not run with {dist.python}: {result.stderr.decode('utf-8', 'replace').strip()[-300:]}"
-        ) from None
-    proofs.keep(target.info, dist, doc)
+    request = {"location": dist.location, "folders": sorted(folders), "patched": py_files}
+    doc, kept_answer = _integrity_answer(target, dist, request)
+    files = {str(p): str(v[0]) for p, v in doc["files"].items()}
+    pth = {str(k): (None if v is None else str(v).encode("latin-1")) for k, v in doc["pth"].items()}
+    bytecode = {str(k): str(v) for k, v in doc["bytecode"].items()}
+    reused = 0 if kept_answer else int(doc.get("proofs_reused", 0))
     not_checked = tuple(p for p, _ in record if p.startswith(("/", "../")) or "/../" in p)
     stale = tuple(f"{pyc} {why}" for pyc, why in sorted(bytecode.items()) if why)
     post: dict[str, set[str | None]] = {}
@@ -219,14 +210,52 @@ def check_integrity(target: Target, dist: Distribution, diff: Diff, variant: Var
     if ref is None:
         return IntegrityReport(checked=0, not_checked=not_checked, stale_bytecode=stale, reference=None,
                                unverified=(references.no_reference(dist.name, dist.version, wheel),),
-                               bytecode_checked=len(bytecode), bytecode_proofs_reused=reused)
+                               bytecode_checked=len(bytecode), bytecode_proofs_reused=reused, kept_answer=kept_answer)
     found = references.compare(ref, hashes=files, others=doc.get("others", ()), record=record, post_images=post,
                                top_level=doc.get("top_level", ()), pth=pth, listed_anywhere=doc.get("pth_listed", ()))
     return IntegrityReport(
         checked=found.checked, mismatched=tuple(p for p in found.unexplained if p not in patched),
         missing=tuple(p for p in found.missing if p not in patched), not_checked=not_checked, stale_bytecode=stale,
         added=found.added, reference=ref.wheel, record_disagrees=found.record_disagrees, bytecode_checked=len(bytecode),
-        bytecode_proofs_reused=reused)
+        bytecode_proofs_reused=reused, kept_answer=kept_answer)
+
+
+def _integrity_answer(target: Target, dist: Distribution, request: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    """inside/integrity.py's answer for `request`, and whether it is an image's answer kept by
+    its id from an earlier check (targets/kept.py says why that is as good as asking again).
+
+    The proofs sent (kept from an earlier check by the same interpreter; inside/integrity.py
+    says why a kept proof is as good as a compile, targets/proofs.py where they are kept) only
+    spare compiles, so they are not part of the key."""
+    script = inside_source("integrity")
+    key = target.answer_key(script, [request]) if isinstance(target, ImageCapable) else None
+    doc: Any = kept.get(key) if key else None
+    if _answer_ok(doc):
+        return doc, True
+    result = target.run_python(script, [json.dumps({**request, "proofs": proofs.to_send(target.info, dist)})],
+                               timeout=900)
+    try:
+        doc = json.loads(result.stdout.decode("utf-8"))
+    except ValueError:
+        doc = None
+    if not _answer_ok(doc):
+        raise VerifyMismatch(
+            f"the integrity check could not run with {dist.python}: {result.stderr.decode('utf-8', 'replace').strip()[-300:]}"
+        )
+    proofs.keep(target.info, dist, doc)
+    if key:
+        kept.keep(key, {k: v for k, v in doc.items() if k not in ("proofs", "identity")})
+    return doc, False
+
+
+def _answer_ok(doc: Any) -> bool:
+    """The shape check_integrity reads: files (path -> [sha256, ...]), pth, bytecode."""
+    try:
+        for v in doc["files"].values():
+            str(v[0])
+        return isinstance(doc["pth"], dict) and isinstance(doc["bytecode"], dict)
+    except (KeyError, TypeError, AttributeError, IndexError):
+        return False
 
 
 def integrity_problems(i: IntegrityReport) -> list[str]:

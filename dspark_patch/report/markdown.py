@@ -237,7 +237,9 @@ def to_markdown(report: AuditReport) -> str:
         against = f"the published wheel {_code(i.reference)}" if i.reference else "no published wheel (none known)"
         lines.append(f"{i.checked} files checked against {against}; {i.bytecode_checked} .pyc files recompiled and compared"
                      + (f" ({i.bytecode_proofs_reused} of them proven by a proof kept from an earlier compile)"
-                        if i.bytecode_proofs_reused else "") + ".")
+                        if i.bytecode_proofs_reused else "")
+                     + (" (this image's answer, kept by its image id from an earlier run of the same check: nothing ran)"
+                        if i.kept_answer else "") + ".")
         lines += [f"- ❌ {_cell(u)}" for u in i.unverified]
         for label, paths in (
             ("❌ differ from the published wheel", i.mismatched),

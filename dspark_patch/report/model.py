@@ -141,6 +141,7 @@ class IntegrityReport:
     unverified: tuple[str, ...] = ()      # "no reference for vllm X …"
     bytecode_checked: int = 0             # .pyc files the interpreter would load, recompiled and compared
     bytecode_proofs_reused: int = 0       # of those, proven by a proof kept from an earlier check (no compile)
+    kept_answer: bool = False             # an image's answer kept by its id from an earlier check (targets/kept.py); nothing ran
     notes: tuple[str, ...] = ()           # kept for the schema; empty since bytecode that is not its source's is stale_bytecode
 
 

@@ -191,6 +191,12 @@ class ImageCapable(Target, Protocol):
         `stop` ends a read under way."""
         ...
 
+    def answer_key(self, source: str, args: Sequence[Any]) -> str | None:
+        """The key under which the image's answer to the read-only script `source` with `args`
+        (run by the distribution's python) is kept by image id (targets/kept.py); None once
+        anything was written into the target."""
+        ...
+
     def unimported(self, distribution: str) -> tuple[str, ...]:
         """Site folders of the image that hold `distribution` but that no interpreter of the
         image imports it from (a decoy, a stale second install); after `locate`."""

@@ -32,7 +32,7 @@ from ...errors import (
 )
 from ...inside import ISOLATED
 from ...inside import source as inside_source
-from .. import imageconfig, interpreter
+from .. import imageconfig, interpreter, kept
 from ..base import (
     HANDSHAKE_PREFIX,
     CommittedImage,
@@ -56,6 +56,10 @@ if TYPE_CHECKING:
     from ...patching.plan import PatchPlan
 
 _LOCATE_SOURCE = (Path(__file__).parent.parent.parent / "inside" / "locate.py").read_text()
+# What locate's and unimported's kept answers (targets/kept.py) are made by, besides the
+# interpreter's own script: the code here that stats the image and chooses among its pythons.
+_OWN_SOURCE = "".join(
+    (Path(__file__).parent.parent / name).read_text() for name in ("docker/target.py", "interpreter.py", "imageconfig.py"))
 PYTHONS = ("python3", "python")
 
 
@@ -79,6 +83,7 @@ class ImageTarget:
         self._located: set[str] = set()   # the interpreters locate ran
         self._notes: list[str] = []
         self._layer: bytes | None = None
+        self._written = False             # anything copied into the work container: no answer is kept after
         self._stack = ExitStack()
 
     # --- lifecycle ----------------------------------------------------------------------
@@ -163,17 +168,28 @@ class ImageTarget:
     # --- Target protocol ----------------------------------------------------------------
     def locate(self, distribution: str) -> Distribution:
         """The distribution as the interpreter that owns it sees it (see interpreter.py)."""
-        if self._wanted_python:
-            pythons = [interpreter.Interpreter(path=self._wanted_python, binary=self._wanted_python, venv=None)]
-        else:
-            pythons = self._interpreters()
-        results: list[interpreter.Located] = []
+        key = self._own_key("locate", distribution)
+        answer = kept.get(key) if key else None
+        try:
+            results = [interpreter.Located(interpreter=interpreter.Interpreter(**row["interpreter"]), found=row["found"])
+                       for row in answer] if isinstance(answer, list) else None
+        except (TypeError, KeyError):
+            results = None
         failures: list[CheckFailed] = []
-        for python in pythons:
-            try:
-                results.append(interpreter.Located(interpreter=python, found=self._locate_with(python.path, distribution)))
-            except CheckFailed as exc:  # one broken python (say, a python2) need not hide the others
-                failures.append(exc)
+        if results is None:
+            if self._wanted_python:
+                pythons = [interpreter.Interpreter(path=self._wanted_python, binary=self._wanted_python, venv=None)]
+            else:
+                pythons = self._interpreters()
+            results = []
+            for python in pythons:
+                try:
+                    results.append(interpreter.Located(interpreter=python, found=self._locate_with(python.path, distribution)))
+                except CheckFailed as exc:  # one broken python (say, a python2) need not hide the others
+                    failures.append(exc)
+            if key and not failures:
+                kept.keep(key, [{"interpreter": {"path": r.interpreter.path, "binary": r.interpreter.binary,
+                                                 "venv": r.interpreter.venv}, "found": dict(r.found)} for r in results])
         self._note_imported(results)
         if failures and not any(r.found["found"] for r in results):
             raise failures[0]
@@ -210,6 +226,16 @@ class ImageTarget:
         image imports it from: a decoy beside the copy that runs, or a stale second install.
         Stats only, after `locate`; with --python the image's other interpreters are asked too
         (a copy some interpreter imports is no decoy)."""
+        key = self._own_key("unimported", distribution, sorted(self._imported), sorted(self._located))
+        answer = kept.get(key) if key else None
+        if isinstance(answer, list) and all(isinstance(a, str) for a in answer):
+            return tuple(answer)
+        left = self._unimported(distribution)
+        if key:
+            kept.keep(key, list(left))
+        return left
+
+    def _unimported(self, distribution: str) -> tuple[str, ...]:
         top = filename_name(distribution)
 
         def stat(path: str) -> dict[str, Any] | None:
@@ -255,6 +281,21 @@ class ImageTarget:
                               "rebuild it from trusted layers")
         return saved
 
+    def answer_key(self, source: str, args: Sequence[Any]) -> str | None:
+        """The key under which the image's answer to the read-only script `source` run with
+        `args` by the distribution's python is kept (targets/kept.py); None once anything was
+        written into the work container (its tree is then no longer the image's)."""
+        if self._written or self._dist is None:
+            return None
+        return kept.answer_key(image_id=self.source.id, engine=self.engine.host, script=source,
+                               python=self._dist.python, args=list(args))
+
+    def _own_key(self, what: str, *args: Any) -> str | None:
+        if self._written:
+            return None
+        return kept.answer_key(image_id=self.source.id, engine=self.engine.host, script=_OWN_SOURCE + _LOCATE_SOURCE,
+                               python=self._wanted_python or "", args=[what, *args])
+
     def _note_imported(self, results: Sequence[interpreter.Located]) -> None:
         self._located |= {r.interpreter.path for r in results}
         self._imported |= {posixpath.normpath(str(r.found["location"])) for r in results
@@ -298,6 +339,7 @@ class ImageTarget:
         return None if found is None else found[0]
 
     def write(self, plan: PatchPlan) -> None:
+        self._written = True
         written: list[tuple[str, bytes | None, FileMeta | None]] = []  # (abs path, pre, meta)
         try:
             for file in plan.files:
@@ -315,6 +357,7 @@ class ImageTarget:
             raise
 
     def restore(self, plan: PatchPlan) -> None:
+        self._written = True
         for file in plan.files:
             absolute = self._absolute(file.path)
             current = self.container.copy_out(absolute)
@@ -343,6 +386,7 @@ class ImageTarget:
         The layer is taken of named paths only, so this file never reaches the image."""
         if "/" in name or not name.startswith(HANDSHAKE_PREFIX):
             raise ValueError(f"not a handshake file name: {name!r}")
+        self._written = True
         self.container.copy_into(f"/{name}", data, NEW_FILE)
 
     # --- ImageCapable ---------------------------------------------------------------------
