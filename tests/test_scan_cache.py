@@ -255,3 +255,29 @@ def test_the_cli_reads_a_registry_with_no_engine_and_auto_does_too(trees, tmp_pa
     assert "--via registry" in run("status", "--image", "a/b:1", "--via", "registry", "--pull", "missing",
                                    env=env).assert_clean_error(2)
     assert "not a size" in run("status", "--image", "a/b:1", "--cache-max", "lots", env=env).assert_clean_error(2)
+
+
+@pytest.mark.engine
+def test_the_save_route_keeps_every_layer_under_its_own_diff_id(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real engine's save: every layer of the image is kept under the digest the engine names
+    it by (its tar hashed as read, to its last padding block), so the next run reads no layer."""
+    import json as _json
+
+    from dspark_patch.patchset import available
+    from dspark_patch.status.fleet import StatusRequest, patched_paths, scan_cache
+    from tests.support import images
+    from tests.support.cli import run
+
+    fixture = images.fixture_image()
+    env = {"DSPARK_PATCH_CACHE": str(tmp_path / "cache")}
+    first = run("status", "--via", "layers", "--json", "--image", fixture, env=env)
+    assert first.returncode in (0, 1) and "Traceback" not in first.stderr, first.stderr
+    diff_ids = _json.loads(subprocess.run(["docker", "image", "inspect", "-f", "{{json .RootFS.Layers}}", fixture],
+                                          capture_output=True, text=True, check=True).stdout)
+    patchsets = [p for p in available() if not p.is_bare]
+    monkeypatch.setenv("DSPARK_PATCH_CACHE", env["DSPARK_PATCH_CACHE"])
+    cache = scan_cache(StatusRequest(images=(fixture,)), patchsets)
+    assert patched_paths(patchsets) and all(cache.get(d) is not None for d in diff_ids), diff_ids
+    again = run("status", "--via", "layers", "--json", "--image", fixture, env=env)
+    strip = ("seconds", "started_at")
+    assert {k: v for k, v in again.json.items() if k not in strip} == {k: v for k, v in first.json.items() if k not in strip}

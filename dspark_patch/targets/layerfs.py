@@ -19,6 +19,7 @@ each is read and hashed once, however many images stand on it.
 from __future__ import annotations
 
 import email.parser
+import functools
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
@@ -211,17 +212,23 @@ def site_files(view: LayerView, distribution: str, site: str) -> SiteFiles | Non
                      dist_infos=tuple(own_infos), **_extra_facts(view, real, lambda first: _own(first, top)))
 
 
-def _record_rows(data: bytes, name: str, *, strict: bool = True) -> list[tuple[str, str | None, int | None]]:
+def _record_rows(data: bytes, name: str, *, strict: bool = True) -> tuple[tuple[str, str | None, int | None], ...]:
     """A RECORD's rows; strict: a malformed one is BadInput naming the file and row."""
     try:
         if data == b"\0":
             raise BadRecord(f"over the {RECORD_CAP >> 20} MiB limit")
-        return parse_record(data.decode("utf-8"), strict=strict)
+        return _parsed_record(data, strict)
     except (UnicodeDecodeError, BadRecord) as exc:
         if not strict:
-            return []
+            return ()
         reason = "not UTF-8" if isinstance(exc, UnicodeDecodeError) else str(exc)
         raise BadInput(f"{name}: {reason}", hint="the RECORD is malformed; rebuild the image from the release") from None
+
+
+@functools.lru_cache(maxsize=64)
+def _parsed_record(data: bytes, strict: bool) -> tuple[tuple[str, str | None, int | None], ...]:
+    """parse_record, once per RECORD's bytes in a run: the images of a fleet share most of theirs."""
+    return tuple(parse_record(data.decode("utf-8"), strict=strict))
 
 
 def _extra_facts(view: LayerView, real: str, own: Callable[[str], bool]) -> dict[str, Any]:

@@ -31,6 +31,7 @@ import hashlib
 import io
 import json
 import posixpath
+import queue
 import threading
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
@@ -280,27 +281,33 @@ def views_from_save(stream: BinaryIO, image_ids: Sequence[str], distribution: st
                     continue
             data = _Member(outer)
             head = data.peek(BLOCK)
-            if head[:2] == b"\x1f\x8b":
-                fh: BinaryIO = gzip.GzipFile(fileobj=io.BufferedReader(data, 1 << 20), mode="rb")  # type: ignore[assignment]
+            compressed = head[:2] == b"\x1f\x8b"
+            if compressed:
+                source: BinaryIO = gzip.GzipFile(fileobj=io.BufferedReader(data, 1 << 20), mode="rb")  # type: ignore[assignment]
             elif len(head) >= BLOCK and _is_tar_header(head[:BLOCK]) or head[:BLOCK] == bytes(BLOCK):
-                fh = io.BufferedReader(data, 1 << 20)
+                source = data  # type: ignore[assignment]
+                data.unhashed()  # the tar is the member: its digest is the layer's, hashed once (plain)
             else:
                 continue  # configs, OCI index and manifests (JSON)
             where = f"layer {_digest_of(member.name)} of the engine's save"
+            plain = _Hashing(source)
             try:
-                plain = _Hashing(fh)
-                scanned = scan_layer(plain, where=where, keep=keep)  # type: ignore[arg-type]
+                buffered = io.BufferedReader(plain, 1 << 20)  # held: closing it would close `plain`
+                scanned = scan_layer(buffered, where=where, keep=keep)
                 layers[member.name] = scanned
+                digest = plain.drain()
                 if cache is not None:
-                    cache.put(plain.drain(), scanned)
+                    cache.put(digest, scanned)
             except HostileLayer as exc:
                 # Name the layer by its digest (what `docker inspect` lists), known once all of it is read.
-                digest = data.drain()
-                kind = "blob" if head[:2] == b"\x1f\x8b" else "layer"
+                digest = data.drain() if compressed else plain.drain()
+                kind = "blob" if compressed else "layer"
                 layers[member.name] = HostileLayer(exc.message.replace(where, f"{kind} {digest} of the image"),
                                                    hint=exc.hint)
             except (OSError, EOFError, zlib.error) as exc:
                 layers[member.name] = HostileLayer(f"{where}: cannot be decompressed ({exc})")
+            finally:
+                plain.stop()  # its hashing thread ends
     except (HostileLayer, ValueError) as exc:
         raise EnvironmentProblem(f"reading the images' layers failed: {exc}") from exc
     for alias, target in aliases.items():
@@ -328,18 +335,30 @@ def views_from_save(stream: BinaryIO, image_ids: Sequence[str], distribution: st
 
 
 class _Hashing(io.RawIOBase):
-    """A layer's tar as read, hashed: `drain()` reads the rest and gives its sha256 (the diff_id)."""
+    """A layer's tar as read, hashed: `drain()` reads the rest and gives its sha256 (the diff_id).
+
+    The hashing runs on a thread of its own (hashlib lets go of the GIL), beside the tar's
+    reading in the caller's: read it through a BufferedReader, so that it sees large reads."""
 
     def __init__(self, fh: BinaryIO) -> None:
         self._fh = fh
         self._sha256 = hashlib.sha256()
+        self._pending: queue.Queue[bytes | None] = queue.Queue(maxsize=32)  # at most 32 reads held
+        self._thread = threading.Thread(target=self._hash, name="dspark-patch-layer-hash", daemon=True)
+        self._thread.start()
+        self._done = False
+
+    def _hash(self) -> None:
+        while (data := self._pending.get()) is not None:
+            self._sha256.update(data)
 
     def readable(self) -> bool:
         return True
 
     def read(self, n: int = -1) -> bytes:
         data = self._fh.read(n)
-        self._sha256.update(data)
+        if data and not self._done:
+            self._pending.put(data)
         return data
 
     def readinto(self, buffer: Any) -> int:
@@ -347,9 +366,17 @@ class _Hashing(io.RawIOBase):
         buffer[:len(data)] = data
         return len(data)
 
+    def stop(self) -> None:
+        """End the hashing thread (after `drain`, or when the layer is given up)."""
+        if not self._done:
+            self._done = True
+            self._pending.put(None)
+            self._thread.join()
+
     def drain(self) -> str:
         while self.read(1 << 20):
             pass
+        self.stop()
         return "sha256:" + self._sha256.hexdigest()
 
 
@@ -360,10 +387,16 @@ class _Member(io.RawIOBase):
         self._chunks = self._hashed(stream.chunks())
         self._buffer = b""
         self._sha256 = hashlib.sha256()
+        self._hashing = True
+
+    def unhashed(self) -> None:
+        """From now on the member is not hashed (its digest is taken by whoever reads it)."""
+        self._hashing = False
 
     def _hashed(self, chunks: Iterator[bytes]) -> Iterator[bytes]:
         for chunk in chunks:
-            self._sha256.update(chunk)
+            if self._hashing:
+                self._sha256.update(chunk)
             yield chunk
 
     def drain(self) -> str:

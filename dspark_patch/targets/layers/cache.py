@@ -69,6 +69,9 @@ class ScanCache:
         self.hits = 0
         self.stores = 0
         self._total: int | None = None   # bytes in the cache as this run last counted them
+        # The scans this run read, by diff_id: read and checked once however many images share
+        # the layer, and the same object each time (merge reuses a shared bottom).
+        self._held: dict[str, LayerScan] = {}
 
     @classmethod
     def from_env(cls, identity: str, max_bytes: int | None = None) -> ScanCache:
@@ -89,15 +92,24 @@ class ScanCache:
         if not _DIGEST.fullmatch(diff_id) or self.max_bytes <= 0:
             return None
         path = self._path(diff_id)
-        try:
-            raw = path.read_bytes()
-        except OSError:
-            return None
-        scan = _decode(raw, self.identity, diff_id)
-        if scan is None:
-            return None
-        with contextlib.suppress(OSError):
-            os.utime(path)  # recently used: evicted last
+        scan = self._held.get(diff_id)
+        if scan is not None:
+            try:
+                os.utime(path)  # recently used: evicted last
+            except OSError:     # evicted (or removed) since: as if never read
+                del self._held[diff_id]
+                return None
+        else:
+            try:
+                raw = path.read_bytes()
+            except OSError:
+                return None
+            scan = _decode(raw, self.identity, diff_id)
+            if scan is None:
+                return None
+            with contextlib.suppress(OSError):
+                os.utime(path)  # recently used: evicted last
+            self._held[diff_id] = scan
         self.hits += 1
         return scan
 

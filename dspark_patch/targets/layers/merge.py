@@ -17,6 +17,7 @@ reads it), so the interpreter search runs on a merged view exactly as on a conta
 
 from __future__ import annotations
 
+import bisect
 import posixpath
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -98,38 +99,71 @@ class LayerView:
 
 
 def merge(scans: Iterable[LayerScan], *, where: str = "the image") -> LayerView:
+    stack = tuple(scans)
     view: dict[str, Entry] = {}
     above: dict[str, list[int]] = {}   # kept path -> keys of its ancestors (computed once)
-    for scan in scans:
-        hide_all = scan.whiteouts                      # the path and everything below
-        hide_below: set[str] = set(scan.opaques)       # everything below the path
-        drop: list[str] = []
-        present = scan.present
-        for path, entry in view.items():
-            mine = present.get(path_key(path))
-            if mine is not None and path not in scan.entries and not (mine and entry.kind == "dir"):
-                drop.append(path)                      # replaced by a member the predicate did not keep
-                if not mine:
-                    hide_below.add(path)
-                continue
-            if any(present.get(h) is False for h in above[path]):
-                drop.append(path)                      # a non-folder of this layer stands above it
-        for path, entry in scan.entries.items():
-            if entry.kind != "dir":
-                hide_below.add(path)
-        for path in drop:
-            del view[path]
-        if hide_all or hide_below:
-            kept = {}
-            for path, entry in view.items():
-                parents = ancestors(path)
-                if path in hide_all or any(p in hide_all or p in hide_below for p in parents):
-                    continue
-                kept[path] = entry
-            view = kept
-        for path, entry in scan.entries.items():
-            view[path] = entry
-            if path not in above:
-                above[path] = [path_key(p) for p in ancestors(path)]
+    start = 0
+    # The longest bottom part of this stack merged before in this process: the images of a
+    # fleet share their lower layers (the same scan objects: one save, one cache), so each is
+    # its lower layers' view plus its own.
+    for depth in range(len(stack), 0, -1):
+        known = _merged.get(tuple(map(id, stack[:depth])))
+        if known is not None and all(a is b for a, b in zip(known[0], stack, strict=False)):
+            view, above, start = dict(known[1]), dict(known[2]), depth
+            break
+    for depth in range(start, len(stack)):
+        _stack_one(view, above, stack[depth])
         above = {p: above[p] for p in view} if len(above) > 2 * len(view) + 64 else above
+        if depth + 1 < len(stack):  # the views of lower layers alone: what another image may share
+            _remember(stack[:depth + 1], view, above)
     return LayerView(entries=view, where=where)
+
+
+_MERGED_KEPT = 8
+_merged: dict[tuple[int, ...], tuple[tuple[LayerScan, ...], dict[str, Entry], dict[str, list[int]]]] = {}
+
+
+def _remember(stack: tuple[LayerScan, ...], view: dict[str, Entry], above: dict[str, list[int]]) -> None:
+    key = tuple(map(id, stack))
+    _merged.pop(key, None)
+    _merged[key] = (stack, dict(view), dict(above))  # the scans kept with it: their ids stay theirs
+    while len(_merged) > _MERGED_KEPT:
+        del _merged[next(iter(_merged))]
+
+
+def _stack_one(view: dict[str, Entry], above: dict[str, list[int]], scan: LayerScan) -> None:
+    """Put one layer on `view` (in place): see the module's docstring."""
+    hide_all = scan.whiteouts                      # the path and everything below
+    hide_below: set[str] = set(scan.opaques)       # everything below the path
+    drop: set[str] = set()
+    present = scan.present
+    for path, entry in view.items():
+        mine = present.get(path_key(path))
+        if mine is not None and path not in scan.entries and not (mine and entry.kind == "dir"):
+            drop.add(path)                         # replaced by a member the predicate did not keep
+            if not mine:
+                hide_below.add(path)
+    # A non-folder of this layer stands above a lower path: only the view's folders can be one.
+    folders = set().union(*(above[p] for p in view)) if view else set()
+    blocked = {k for k in folders if present.get(k) is False}
+    if blocked:
+        drop.update(p for p in view if any(k in blocked for k in above[p]))
+    for path, entry in scan.entries.items():
+        if entry.kind != "dir":
+            hide_below.add(path)
+    if view and (hide_all or hide_below):
+        drop.update(p for p in hide_all if p in view)
+        keys: list[str] | None = None
+        for hidden in (*hide_all, *hide_below):
+            if path_key(hidden) not in folders:
+                continue                           # nothing of the view lies below it
+            if keys is None:
+                keys = sorted(view)
+            low = bisect.bisect_left(keys, hidden + "/")
+            drop.update(keys[low:bisect.bisect_left(keys, hidden + "0", low)])  # "/" + 1 is "0"
+    for path in drop:
+        del view[path]
+    for path, entry in scan.entries.items():
+        view[path] = entry
+        if path not in above:
+            above[path] = [path_key(p) for p in ancestors(path)]
