@@ -218,6 +218,30 @@ class WorkContainer:
         if not ok:
             raise EnvironmentProblem(f"writing {absolute} into the container failed")
 
+    def copy_many(self, files: Sequence[tuple[str, bytes, FileMeta]]) -> None:
+        """Write files that exist already (their folders do) with the given owners and modes, in
+        one archive extracted at their deepest common folder."""
+        if len(files) == 1:
+            self.copy_into(*files[0])
+            return
+        parent = posixpath.commonpath([posixpath.dirname(path) for path, _, _ in files])
+        buffer = io.BytesIO()
+        now = int(time.time())
+        with tarfile.open(fileobj=buffer, mode="w:", format=tarfile.PAX_FORMAT) as tar:
+            for path, data, meta in files:
+                member = tarfile.TarInfo(posixpath.relpath(path, parent))
+                member.size = len(data)
+                member.mode, member.uid, member.gid = meta.mode, meta.uid, meta.gid
+                member.uname, member.gname = meta.uname, meta.gname
+                member.mtime = now
+                tar.addfile(member, io.BytesIO(data))
+        try:
+            ok = self.container.put_archive(parent, buffer.getvalue())
+        except docker.errors.APIError as exc:
+            raise EnvironmentProblem(f"writing {len(files)} files under {parent} into the container failed: {reason(exc)}") from exc
+        if not ok:
+            raise EnvironmentProblem(f"writing {len(files)} files under {parent} into the container failed")
+
     def exists(self, absolute: str) -> bool:
         try:
             self.container.get_archive(absolute)

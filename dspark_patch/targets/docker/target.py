@@ -16,6 +16,7 @@ import json
 import posixpath
 import threading
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -341,16 +342,25 @@ class ImageTarget:
     def write(self, plan: PatchPlan) -> None:
         self._written = True
         written: list[tuple[str, bytes | None, FileMeta | None]] = []  # (abs path, pre, meta)
+        paths = [self._absolute(file.path) for file in plan.files]
+        # Each file's bytes and owner/mode as they are now, asked for all at once.
+        with ThreadPoolExecutor(max_workers=min(8, max(1, len(paths))), thread_name_prefix="dspark-patch-read") as pool:
+            currents = list(pool.map(self.container.copy_out, paths))
         try:
-            for file in plan.files:
-                absolute = self._absolute(file.path)
-                current = self.container.copy_out(absolute)
-                meta = current[1] if current else None
+            # Files that exist and stay: one archive for them all (their folders exist).
+            replaced = [(path, file.post, current) for path, file, current in zip(paths, plan.files, currents, strict=True)
+                        if file.post is not None and current is not None]
+            if replaced:
+                self.container.copy_many([(path, post, current[1]) for path, post, current in replaced])
+                written += [(path, current[0], current[1]) for path, _, current in replaced]
+            for path, file, current in zip(paths, plan.files, currents, strict=True):
+                if file.post is not None and current is not None:
+                    continue
                 if file.post is None:
-                    self.container.delete(absolute)
+                    self.container.delete(path)
                 else:
-                    self.container.copy_into(absolute, file.post, meta or NEW_FILE)
-                written.append((absolute, current[0] if current else None, meta))
+                    self.container.copy_into(path, file.post, NEW_FILE)
+                written.append((path, current[0] if current else None, current[1] if current else None))
         except BaseException:
             for absolute, pre, meta in reversed(written):
                 self._put_back(absolute, pre, meta)
