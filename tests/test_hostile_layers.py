@@ -16,6 +16,7 @@ them, containerd clamps them).
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import secrets
@@ -67,12 +68,14 @@ def python_layer() -> bytes:
     ])
 
 
-def _subset() -> set[str]:
+@functools.cache
+def _subset() -> frozenset[str]:
     """The files a layer carries: the patch set's, vllm/__init__.py and the dist-info. RECORD is
-    cut to their rows (real hashes), so the honest image is clean and the layers stay small."""
+    cut to their rows (real hashes), so the honest image is clean and the layers stay small.
+    Read once (patch.toml is parsed on every `available()`; `findings` asks for each RECORD row)."""
     variant = next(p for p in available() if p.id == PATCH_ID).variant_for("0.33.0")
-    return {*variant.files, "vllm/__init__.py", "vllm-0.33.0.dist-info/METADATA", "vllm-0.33.0.dist-info/RECORD",
-            "vllm-0.33.0.dist-info/WHEEL"}
+    return frozenset({*variant.files, "vllm/__init__.py", "vllm-0.33.0.dist-info/METADATA", "vllm-0.33.0.dist-info/RECORD",
+            "vllm-0.33.0.dist-info/WHEEL"})
 
 
 def site_members(tree: Path, site: str = SITE) -> list[hostile.Member]:
