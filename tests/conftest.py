@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import probe_trees, tiers, vllm
+from tests.support import probe_trees, schedule, tiers, vllm
 
 
 @pytest.fixture
@@ -41,6 +41,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     tiers.record(report)
+    schedule.record(report)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    schedule.save(session.config)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):  # type: ignore[no-untyped-def]
+    # `--dist loadfile` (scripts/test): the same, longest modules first (tests/support/schedule.py).
+    if config.getoption("dist") == "loadfile":
+        return schedule.CostliestModuleFirst(config, log)
+    return None
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
