@@ -1,16 +1,33 @@
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.support import tiers, vllm
+from tests.support import probe_trees, schedule, tiers, vllm
 
 
 @pytest.fixture
 def vllm033_tree(tmp_path: Path) -> Path:
     """A fresh, real vLLM 0.33.0 site-packages folder for this test (hard-linked to the cache)."""
     return vllm.tree_copy("0.33.0", tmp_path / "site-packages")
+
+
+@pytest.fixture(scope="session")
+def patched033(tmp_path_factory: pytest.TempPathFactory) -> Iterator[probe_trees.SharedTree]:
+    """A real vLLM 0.33.0 tree patched by `dspark-patch apply --no-probe`, made once per session
+    (per xdist worker) for the tests whose subject is not apply itself. Take copies
+    (`patched033.copy(where)`, or the `patched033_tree` fixture); never write into it."""
+    shared = probe_trees.SharedTree(probe_trees.patched_tree(tmp_path_factory.mktemp("patched033") / "site-packages"))
+    yield shared
+    shared.check()
+
+
+@pytest.fixture
+def patched033_tree(patched033: probe_trees.SharedTree, tmp_path: Path) -> Path:
+    """A fresh hard-link copy of the session's patched 0.33.0 tree, for this test."""
+    return patched033.copy(tmp_path / "patched" / "site-packages")
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -24,6 +41,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     tiers.record(report)
+    schedule.record(report)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    schedule.save(session.config)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):  # type: ignore[no-untyped-def]
+    # `--dist loadfile` (scripts/test): the same, longest modules first (tests/support/schedule.py).
+    if config.getoption("dist") == "loadfile":
+        return schedule.CostliestModuleFirst(config, log)
+    return None
 
 
 def pytest_terminal_summary(terminalreporter) -> None:

@@ -16,11 +16,11 @@ them, containerd clamps them).
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import secrets
 import subprocess
-import sys
 import tarfile
 from collections.abc import Sequence
 from dataclasses import replace
@@ -39,6 +39,7 @@ from tests.support import hostile, oci, vllm
 from tests.support.cli import run
 from tests.support.fake_registry import fake_registry
 from tests.support.hostile import Dir, File, Link, Opaque, Raw, Whiteout
+from tests.support.probe_trees import SharedTree
 
 PATCH_ID = "dspark-skip-mtp-buffer"
 SITE = "usr/local/lib/python3.11/dist-packages"
@@ -47,12 +48,10 @@ CONFIG = {"Env": ["PATH=/usr/local/bin:/usr/bin:/bin"], "Entrypoint": ["vllm", "
 
 # --- the honest image --------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def trees(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def trees(tmp_path_factory: pytest.TempPathFactory, patched033: SharedTree) -> dict[str, Path]:
     where = tmp_path_factory.mktemp("hostile")
     clean = vllm.tree_copy("0.33.0", where / "clean" / "site-packages")
-    patched = vllm.tree_copy("0.33.0", where / "patched" / "site-packages")
-    res = run("apply", "--root", str(patched), "--python", sys.executable, "--no-probe", "--report-dir", str(where / "r"))
-    assert res.returncode == 0, res.stderr
+    patched = patched033.copy(where / "patched" / "site-packages")  # `apply --no-probe`, made once
     return {"clean": clean, "patched": patched}
 
 
@@ -67,12 +66,14 @@ def python_layer() -> bytes:
     ])
 
 
-def _subset() -> set[str]:
+@functools.cache
+def _subset() -> frozenset[str]:
     """The files a layer carries: the patch set's, vllm/__init__.py and the dist-info. RECORD is
-    cut to their rows (real hashes), so the honest image is clean and the layers stay small."""
+    cut to their rows (real hashes), so the honest image is clean and the layers stay small.
+    Read once (patch.toml is parsed on every `available()`; `findings` asks for each RECORD row)."""
     variant = next(p for p in available() if p.id == PATCH_ID).variant_for("0.33.0")
-    return {*variant.files, "vllm/__init__.py", "vllm-0.33.0.dist-info/METADATA", "vllm-0.33.0.dist-info/RECORD",
-            "vllm-0.33.0.dist-info/WHEEL"}
+    return frozenset({*variant.files, "vllm/__init__.py", "vllm-0.33.0.dist-info/METADATA", "vllm-0.33.0.dist-info/RECORD",
+            "vllm-0.33.0.dist-info/WHEEL"})
 
 
 def site_members(tree: Path, site: str = SITE) -> list[hostile.Member]:

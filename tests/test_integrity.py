@@ -185,10 +185,8 @@ def test_an_unknown_wheel_is_no_reference_and_never_clean(tmp_path: Path) -> Non
 
 
 # --- class 4: forged bytecode ----------------------------------------------------------------------------
-def test_forged_bytecode_is_caught_by_verify_and_status(tmp_path: Path) -> None:
-    tree = vllm.tree_copy("0.33.0", tmp_path / "site-packages")
-    res = run("apply", "--root", str(tree), "--python", PY, "--no-probe", "--report-dir", str(tmp_path / "a"))
-    assert res.returncode == 0, res.stderr
+def test_forged_bytecode_is_caught_by_verify_and_status(tmp_path: Path, patched033_tree: Path) -> None:
+    tree = patched033_tree  # `apply --no-probe` of a fresh tree, made once per session (tests/conftest.py)
     code, doc = status_json("--root", str(tree))
     assert code == 0 and doc["images"][0]["bytecode"] == [] and doc["images"][0]["patch_sets"][PATCH_ID] == "applied"
 

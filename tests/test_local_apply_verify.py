@@ -132,31 +132,31 @@ def test_compile_error_restores_the_pre_image(vllm033_tree: Path, tmp_path: Path
     assert snapshot(vllm033_tree) == before
 
 
-def test_verify_catches_stale_bytecode(vllm033_tree: Path, tmp_path: Path) -> None:
-    assert run("apply", "--root", str(vllm033_tree), "--python", PY, "--no-probe", "--report-dir", str(tmp_path / "a")).returncode == 0
-    pyc = vllm033_tree / "vllm/models/deepseek_v4/nvidia/__pycache__" / f"model.cpython-{sys.version_info[0]}{sys.version_info[1]}.pyc"
+def test_verify_catches_stale_bytecode(patched033_tree: Path, tmp_path: Path) -> None:
+    # (the tree: `apply --no-probe` of a fresh one, made once per session, tests/conftest.py)
+    pyc = patched033_tree / "vllm/models/deepseek_v4/nvidia/__pycache__" / f"model.cpython-{sys.version_info[0]}{sys.version_info[1]}.pyc"
     data = bytearray(pyc.read_bytes())
     data[8:16] = bytes(8)  # a source hash that matches no source
     replace_file(pyc, bytes(data))
-    res = run("verify", "--root", str(vllm033_tree), "--python", PY, "--no-probe", "--report-dir", str(tmp_path / "v"))
+    res = run("verify", "--root", str(patched033_tree), "--python", PY, "--no-probe", "--report-dir", str(tmp_path / "v"))
     line = res.assert_clean_error(1)
     assert "model.cpython" in line and "stale" in line
 
 
-def test_verify_catches_an_edited_patched_file(vllm033_tree: Path, tmp_path: Path) -> None:
-    assert run("apply", "--root", str(vllm033_tree), "--python", PY, "--no-probe", "--report-dir", str(tmp_path / "a")).returncode == 0
-    envs = vllm033_tree / "vllm/envs.py"
+def test_verify_catches_an_edited_patched_file(patched033_tree: Path, tmp_path: Path) -> None:
+    # (the tree: `apply --no-probe` of a fresh one, made once per session, tests/conftest.py)
+    envs = patched033_tree / "vllm/envs.py"
     replace_file(envs, envs.read_bytes() + b"# edited after patching\n")
-    res = run("verify", "--root", str(vllm033_tree), "--python", PY, "--no-probe", "--report-dir", str(tmp_path / "v"))
+    res = run("verify", "--root", str(patched033_tree), "--python", PY, "--no-probe", "--report-dir", str(tmp_path / "v"))
     line = res.assert_clean_error(1)
     assert "vllm/envs.py is changed" in line
 
 
-def test_verify_catches_an_edited_unrelated_file(vllm033_tree: Path, tmp_path: Path) -> None:
-    assert run("apply", "--root", str(vllm033_tree), "--python", PY, "--no-probe", "--report-dir", str(tmp_path / "a")).returncode == 0
-    other = vllm033_tree / "vllm/sampling_params.py"
+def test_verify_catches_an_edited_unrelated_file(patched033_tree: Path, tmp_path: Path) -> None:
+    # (the tree: `apply --no-probe` of a fresh one, made once per session, tests/conftest.py)
+    other = patched033_tree / "vllm/sampling_params.py"
     replace_file(other, other.read_bytes().replace(b"def ", b"def  ", 1))
-    res = run("verify", "--root", str(vllm033_tree), "--python", PY, "--no-probe", "--json", "--report-dir", str(tmp_path / "v"))
+    res = run("verify", "--root", str(patched033_tree), "--python", PY, "--no-probe", "--json", "--report-dir", str(tmp_path / "v"))
     assert res.returncode == 1
     assert res.json["integrity"]["mismatched"] == ["vllm/sampling_params.py"]
     assert "vllm/sampling_params.py" in res.stderr

@@ -111,9 +111,9 @@ MUTANTS: dict[str, tuple[list[tuple[str, str, str]], set[str], str]] = {
 
 
 @pytest.fixture(scope="module")
-def outcomes(tmp_path_factory) -> dict[str, tuple[int, dict]]:
+def outcomes(tmp_path_factory, patched033: probe_trees.SharedTree) -> dict[str, tuple[int, dict]]:
     root = tmp_path_factory.mktemp("mutants")
-    base = probe_trees.patched_tree(root / "base" / "site-packages")
+    base = patched033.copy(root / "base" / "site-packages")  # `apply --no-probe`, made once
     trees = {"correct": base}
     for i, (name, (edits, _f, _t)) in enumerate(MUTANTS.items()):
         tree = probe_trees.copy_tree(base, root / f"m{i}" / "site-packages")

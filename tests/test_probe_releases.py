@@ -168,10 +168,10 @@ PASS_THROUGH_033 = {
 
 
 @pytest.fixture(scope="module")
-def outcomes(tmp_path_factory) -> dict[str, tuple[int, dict]]:
+def outcomes(tmp_path_factory, patched033: probe_trees.SharedTree) -> dict[str, tuple[int, dict]]:
     root = tmp_path_factory.mktemp("releases")
     base32 = ports.ported_tree("0.32.0", root / "base32" / "site-packages")
-    base33 = probe_trees.patched_tree(root / "base33" / "site-packages")
+    base33 = patched033.copy(root / "base33" / "site-packages")  # `apply --no-probe`, made once
     trees = {"0.32.0": base32, "0.31.0": ports.ported_tree("0.31.0", root / "base31" / "site-packages")}
     jobs: list[tuple[str, object, list[tuple[str, str, str]]]] = [
         *((name, base32, edits) for name, (edits, _f, _t) in MUTANTS_032.items()),

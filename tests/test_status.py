@@ -18,6 +18,7 @@ import pytest
 from dspark_patch.report.status_render import load_status_schema
 from tests.support import images, vllm
 from tests.support.cli import run
+from tests.support.probe_trees import SharedTree
 from tests.support.vllm import replace_file
 
 PY = sys.executable
@@ -36,13 +37,6 @@ def status_json(*args: str) -> tuple[int, dict]:
     return res.returncode, doc
 
 
-def patched_tree(where: Path) -> Path:
-    tree = vllm.tree_copy("0.33.0", where)
-    res = run("apply", "--root", str(tree), "--python", PY, "--no-probe", "--report-dir", str(where.parent / "r"))
-    assert res.returncode == 0, res.stderr
-    return tree
-
-
 def _linked_copy(tree: Path, where: Path) -> Path:
     where.parent.mkdir(parents=True, exist_ok=True)
     subprocess.run(["cp", "-al", str(tree), str(where)], check=True)
@@ -55,9 +49,9 @@ def add_hand_files(tree: Path) -> None:
 
 
 # --- local trees -------------------------------------------------------------------------------
-def test_status_of_real_trees_names_states_and_exact_files(tmp_path: Path) -> None:
+def test_status_of_real_trees_names_states_and_exact_files(tmp_path: Path, patched033: SharedTree) -> None:
     fresh = vllm.tree_copy("0.33.0", tmp_path / "fresh" / "site-packages")
-    patched = patched_tree(tmp_path / "patched" / "site-packages")
+    patched = patched033.copy(tmp_path / "patched" / "site-packages")  # `apply --no-probe`, made once
     # Hard-link copies of the one patched tree (files are only ever replaced, never written into).
     edited = _linked_copy(patched, tmp_path / "edited" / "site-packages")
     replace_file(edited / ENVS, (edited / ENVS).read_bytes() + b"# by hand\n")
@@ -82,8 +76,8 @@ def test_status_of_real_trees_names_states_and_exact_files(tmp_path: Path) -> No
     assert [r["exit_code"] for r in doc["images"]] == [0, 0, 1, 1, 1, 1]
 
 
-def test_status_of_a_clean_tree_exits_0_and_writes_markdown_and_junit(tmp_path: Path) -> None:
-    tree = patched_tree(tmp_path / "t" / "site-packages")
+def test_status_of_a_clean_tree_exits_0_and_writes_markdown_and_junit(tmp_path: Path, patched033_tree: Path) -> None:
+    tree = patched033_tree
     res = run("status", "--root", str(tree), "--report-dir", str(tmp_path / "out"), "--junit", str(tmp_path / "j.xml"))
     assert res.returncode == 0, res.stderr
     assert "applied" in res.stdout
@@ -93,8 +87,9 @@ def test_status_of_a_clean_tree_exits_0_and_writes_markdown_and_junit(tmp_path: 
     assert json.loads((tmp_path / "out" / "status.json").read_text())["images"][0]["patch_sets"][PATCH_ID] == "applied"
 
 
-def test_status_appends_its_step_summary_as_its_own_block_and_an_unwritable_one_is_exit_3(tmp_path: Path) -> None:
-    tree = patched_tree(tmp_path / "t" / "site-packages")
+def test_status_appends_its_step_summary_as_its_own_block_and_an_unwritable_one_is_exit_3(tmp_path: Path,
+                                                                                         patched033_tree: Path) -> None:
+    tree = patched033_tree
     summary = tmp_path / "summary.md"
     summary.write_text("earlier step")  # another step's last line, without its newline
     res = run("status", "--root", str(tree), env={"GITHUB_STEP_SUMMARY": str(summary)})
@@ -107,8 +102,8 @@ def test_status_appends_its_step_summary_as_its_own_block_and_an_unwritable_one_
     assert "cannot append the step summary" in res.stderr and "GITHUB_STEP_SUMMARY" in res.stderr
 
 
-def test_verify_fails_on_an_added_module_and_an_unlisted_pth(tmp_path: Path) -> None:
-    tree = patched_tree(tmp_path / "t" / "site-packages")
+def test_verify_fails_on_an_added_module_and_an_unlisted_pth(tmp_path: Path, patched033_tree: Path) -> None:
+    tree = patched033_tree
     assert run("verify", "--root", str(tree), "--python", PY, "--no-probe", "--report-dir", str(tmp_path / "ok")).returncode == 0
     add_hand_files(tree)
     res = run("verify", "--root", str(tree), "--python", PY, "--no-probe", "--report-dir", str(tmp_path / "bad"))
@@ -211,11 +206,11 @@ def _docker(*args: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory):
+def fleet(tmp_path_factory: pytest.TempPathFactory, patched033: SharedTree):
     """Images FROM the fixture: patched, patched + hand edit, hand edit elsewhere, added files."""
     fixture = images.fixture_image()
     work = tmp_path_factory.mktemp("fleet")
-    post = patched_tree(work / "post" / "site-packages")
+    post = patched033.copy(work / "post" / "site-packages")
     name = f"dspark-patch-test/status-{secrets.token_hex(4)}"
     contents = {
         # As apply leaves it: the post-images and their checked-hash bytecode, compiled for the

@@ -104,6 +104,11 @@ def added_files(present, listed, folders, pth_listed):
 def _walk(location, folders):
     """(files {rel: [sha256, size]}, others [rel]) of the own folders, lstat before any open."""
     files, others = {}, []
+    # One buffer read into for every file: a fresh 1 MiB bytes per read is an mmap, a page
+    # fault per 4 KiB and an munmap each time (a third of the walk's time in the kernel, for
+    # vLLM's 900 MB).
+    buf = bytearray(1 << 18)
+    view = memoryview(buf)
     for folder in sorted(folders):
         top = os.path.join(location, folder)
         try:
@@ -129,9 +134,12 @@ def _walk(location, folders):
                     others.append(f"{rel_dir}/{name}")
                     continue
                 h = hashlib.sha256()
-                with open(full, "rb") as fh:
-                    for chunk in iter(lambda: fh.read(1 << 20), b""):
-                        h.update(chunk)
+                with open(full, "rb", buffering=0) as fh:
+                    while True:
+                        n = fh.readinto(buf)
+                        if not n:
+                            break
+                        h.update(view[:n])
                 files[f"{rel_dir}/{name}"] = [h.hexdigest(), st.st_size]
     return files, sorted(others)
 
@@ -173,7 +181,11 @@ def _read_regular(path, cap):
     if not stat.S_ISREG(st.st_mode) or st.st_size > cap:
         return None
     with open(path, "rb") as fh:
-        return fh.read(cap + 1)
+        # What read(cap + 1) gives, without asking for a cap-sized buffer for every small file.
+        data = fh.read(st.st_size + 1)
+        if len(data) > st.st_size:  # it grew since the lstat: read on to the cap, as before
+            data += fh.read(cap + 1 - len(data))
+        return data
 
 
 def _header_loads(header, source, source_path):

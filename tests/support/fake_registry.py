@@ -76,7 +76,8 @@ def fake_registry(served: Mapping[str, tuple[str, bytes] | str]) -> Iterator[tup
     seen: list[str] = []
     handler = type("Handler", (_Handler,), {"served": dict(served), "requests_seen": seen, "stop": stop})
     server = _Server(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    # A short poll: shutdown() waits out serve_forever's poll (0.5 s by default) on every stop.
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
     thread.start()
     try:
         yield f"127.0.0.1:{server.server_address[1]}", seen

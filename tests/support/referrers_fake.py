@@ -108,7 +108,8 @@ def _handler(store: _Store) -> type[BaseHTTPRequestHandler]:
 def referrers_registry() -> Iterator[tuple[str, _Store]]:
     store = _Store()
     server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(store))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    # A short poll: shutdown() waits out serve_forever's poll (0.5 s by default) on every stop.
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
     thread.start()
     try:
         yield f"127.0.0.1:{server.server_address[1]}", store
