@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from .. import references
@@ -28,7 +29,7 @@ from ..probe.prestart import EarlyProbe
 from ..probe.run import run_probe, start_probe_early
 from ..report.model import CompiledFile, CompileReport, FileReport, HunkReport, IntegrityReport, PatchReport, ProbeReport
 from ..targets import proofs
-from ..targets.base import Distribution, Target
+from ..targets.base import Distribution, HashesFiles, Target
 from .runlog import RunLog, with_distribution
 
 
@@ -197,17 +198,13 @@ def check_integrity(target: Target, dist: Distribution, diff: Diff, variant: Var
     # a kept proof is as good as a compile; targets/proofs.py where they are kept).
     request = {"location": dist.location, "folders": sorted(folders), "patched": py_files,
                "proofs": proofs.to_send(target.info, dist)}
-    result = target.run_python(inside_source("integrity"), [json.dumps(request)], timeout=900)
+    doc, files = _gathered(target, dist, request)
     try:
-        doc = json.loads(result.stdout.decode("utf-8"))
-        files = {str(p): str(v[0]) for p, v in doc["files"].items()}
         pth = {str(k): (None if v is None else str(v).encode("latin-1")) for k, v in doc["pth"].items()}
         bytecode = {str(k): str(v) for k, v in doc["bytecode"].items()}
         reused = int(doc.get("proofs_reused", 0))
     except (ValueError, KeyError, TypeError, AttributeError, IndexError):
-        raise VerifyMismatch(
-            f"the integrity check could not run with {dist.python}: {result.stderr.decode('utf-8', 'replace').strip()[-300:]}"
-        ) from None
+        raise VerifyMismatch(f"the integrity check with {dist.python} answered without its facts") from None
     proofs.keep(target.info, dist, doc)
     not_checked = tuple(p for p, _ in record if p.startswith(("/", "../")) or "/../" in p)
     stale = tuple(f"{pyc} {why}" for pyc, why in sorted(bytecode.items()) if why)
@@ -227,6 +224,55 @@ def check_integrity(target: Target, dist: Distribution, diff: Diff, variant: Var
         missing=tuple(p for p in found.missing if p not in patched), not_checked=not_checked, stale_bytecode=stale,
         added=found.added, reference=ref.wheel, record_disagrees=found.record_disagrees, bytecode_checked=len(bytecode),
         bytecode_proofs_reused=reused)
+
+
+def _gathered(target: Target, dist: Distribution, request: dict) -> tuple[dict, dict[str, str]]:
+    """inside/integrity.py's answer and the files' sha256. On a target that can and runs
+    emulated (an image of another architecture: its engine streams the same bytes,
+    targets/docker/tree_hashes.py), the host hashes the files
+    while the target's python walks them, and takes those hashes only if its archive holds
+    exactly the regular files the walk found, each of the size the walk saw; otherwise the walk
+    runs again and hashes them itself."""
+    native = target if isinstance(target, HashesFiles) and target.emulated else None
+    if native is None:
+        doc = _run_integrity(target, dist, request)
+        return doc, _walk_hashes(doc, dist)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        hashing = pool.submit(native.file_hashes, dist.location, request["folders"])
+        doc = _run_integrity(target, dist, {**request, "hash": False})
+        try:
+            hashed = hashing.result()
+        except DsparkPatchError:
+            hashed = None
+    try:
+        walked = {str(p): int(v[1]) for p, v in doc["files"].items()}
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError):
+        walked = None
+    if hashed is not None and walked is not None and walked.keys() == hashed.keys() \
+            and all(hashed[p][1] == size for p, size in walked.items()):
+        return doc, {p: hashed[p][0] for p in walked}
+    doc = _run_integrity(target, dist, request)
+    return doc, _walk_hashes(doc, dist)
+
+
+def _run_integrity(target: Target, dist: Distribution, request: dict) -> dict:
+    result = target.run_python(inside_source("integrity"), [json.dumps(request)], timeout=900)
+    try:
+        doc = json.loads(result.stdout.decode("utf-8"))
+        if not isinstance(doc, dict):
+            raise ValueError("not an object")
+        return doc
+    except ValueError:
+        raise VerifyMismatch(
+            f"the integrity check could not run with {dist.python}: {result.stderr.decode('utf-8', 'replace').strip()[-300:]}"
+        ) from None
+
+
+def _walk_hashes(doc: dict, dist: Distribution) -> dict[str, str]:
+    try:
+        return {str(p): str(v[0]) for p, v in doc["files"].items()}
+    except (KeyError, TypeError, IndexError, AttributeError):
+        raise VerifyMismatch(f"the integrity check with {dist.python} answered without its files") from None
 
 
 def integrity_problems(i: IntegrityReport) -> list[str]:
