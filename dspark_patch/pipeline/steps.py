@@ -155,7 +155,7 @@ class EarlyStart:
     def __call__(self, patchset: PatchSet) -> None:
         if self._wanted and patchset.probe is not None:
             self.probe = start_probe_early(self._target, patchset.probe, modules=patchset.probe_modules,
-                                           distribution=patchset.distribution)
+                                           distribution=patchset.distribution, beside=patchset.probe_beside)
 
     def cancel(self) -> None:
         probe, self.probe = self.probe, None
