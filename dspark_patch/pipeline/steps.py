@@ -242,7 +242,7 @@ def _gathered(target: Target, dist: Distribution, request: dict) -> tuple[dict, 
         doc = _run_integrity(target, dist, {**request, "hash": False})
         try:
             hashed = hashing.result()
-        except DsparkPatchError:
+        except Exception:  # noqa: BLE001 - a stream the engine dropped: the walk hashes instead
             hashed = None
     try:
         walked = {str(p): int(v[1]) for p, v in doc["files"].items()}
