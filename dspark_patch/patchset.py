@@ -22,7 +22,8 @@ DEFAULT_PATCH_SET = "dspark-skip-mtp-buffer"
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _ID = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
-_TOP_KEYS = {"id", "title", "summary", "distribution", "strip", "probe", "variants"}
+_TOP_KEYS = {"id", "title", "summary", "distribution", "strip", "probe", "probe_beside", "variants"}
+_BESIDE = re.compile(r"^--[a-z][a-z0-9-]*$")
 _REQUIRED_TOP = {"id", "title", "summary", "distribution", "variants"}
 _VARIANT_KEYS = {"name", "releases", "diff", "files", "review", "ported_from"}
 _REQUIRED_VARIANT = {"name", "releases", "diff", "files"}
@@ -64,6 +65,9 @@ class PatchSet:
     strip: int
     probe: Path | None         # the patch set's own probe script, or None: it has none
     probe_modules: tuple[Path, ...] = ()  # modules the probe imports, bundled with it (probe = [entry, ...])
+    # The flag of the probe's part that needs none of its imports (probe/prestart.py runs it in a
+    # child beside them when the probe starts early): `probe_beside = "--census"`, or None.
+    probe_beside: str | None = None
     source: Path               # the folder (or bare diff file) it was loaded from
     variants: tuple[Variant, ...]
 
@@ -158,6 +162,11 @@ def load_dir(folder: Path) -> PatchSet:
     if not isinstance(strip, int) or isinstance(strip, bool) or strip < 0:
         raise InvalidPatchSet(f"{where}: strip must be a non-negative integer")
     probe, probe_modules = _probe(folder, doc.get("probe"), where=where)
+    beside = doc.get("probe_beside")
+    if beside is not None and (probe is None or not isinstance(beside, str) or not _BESIDE.match(beside)):
+        raise InvalidPatchSet(f"{where}: probe_beside must be a probe's flag such as \"--census\", "
+                              f"and needs a probe, got {beside!r}",
+                              hint="name the flag the probe runs its import-free part with, or leave it out")
     raw_variants = doc["variants"]
     if not isinstance(raw_variants, list) or not raw_variants:
         raise InvalidPatchSet(f"{where}: needs at least one [[variants]] table")
@@ -172,7 +181,7 @@ def load_dir(folder: Path) -> PatchSet:
     return PatchSet(
         id=pid, title=_str(doc, "title", where), summary=_str(doc, "summary", where),
         distribution=_str(doc, "distribution", where), strip=strip, probe=probe, probe_modules=probe_modules,
-        source=folder, variants=variants,
+        probe_beside=beside, source=folder, variants=variants,
     )
 
 

@@ -122,6 +122,40 @@ def test_probe_run_from_its_source_writes_nothing(patched, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_the_census_walked_apart_gives_the_very_verdict_and_a_walk_it_cannot_use_is_redone(
+        patched, vllm033_tree, tmp_path):
+    # patch.toml's probe_beside: where the probe starts early, a child walks the tree with
+    # --census beside torch's import and the probe takes that walk with --census-from.
+    assert load_dir(PATCH_DIR).probe_beside == "--census"
+    no_torch = "import sys\nsys.modules['torch'] = None  # any import of torch fails\n" + bundle(PROBE, MODULES)
+    for tree, code in ((patched, 0), (vllm033_tree, 1)):
+        whole = probe("--site", str(tree), "--json")
+        assert whole.returncode == code, whole.stderr
+        walk = probe("--site", str(tree), "--census", python=[sys.executable, "-B", "-c", no_torch])
+        assert walk.returncode == 0, walk.stderr  # the walk needs no torch
+        doc = json.loads(walk.stdout)
+        assert doc["site"] == str(tree) and doc["refs"] and set(doc) == {"schema", "site", "refs", "problems", "skipping"}
+        good = tmp_path / "walk.json"
+        good.write_text(walk.stdout)
+        split = probe("--site", str(tree), "--json", "--census-from", str(good))
+        assert (split.returncode, split.stdout) == (whole.returncode, whole.stdout)
+        # cut short (a child that died), or of another tree: the probe walks itself, same verdict
+        short = tmp_path / "short.json"
+        short.write_text(walk.stdout[: len(walk.stdout) // 2])
+        other = tmp_path / "other.json"
+        other.write_text(walk.stdout.replace(json.dumps(str(tree)), json.dumps(str(tmp_path)), 1))
+        for unusable in (short, other, tmp_path / "absent.json"):
+            again = probe("--site", str(tree), "--json", "--census-from", str(unusable))
+            assert (again.returncode, again.stdout) == (whole.returncode, whole.stdout), unusable
+    # and the walk is the census: one unguarded reader in it fails the census case
+    walk = json.loads(probe("--site", str(patched), "--census").stdout)
+    ref = next(r for r in walk["refs"] if r[0] == MODEL and r[5] == "read")
+    ref[6] = False
+    good.write_text(json.dumps(walk))
+    forged = cases_of(probe("--site", str(patched), "--json", "--census-from", str(good)))
+    assert not forged[P["C_CENSUS"]]["ok"] and f"{MODEL}:{ref[1]}" in forged[P["C_CENSUS"]]["detail"]
+
+
 def test_probe_source_is_standalone_and_small():
     # One source travels as one argument: well under the kernel's 128 KiB limit on it.
     assert len(bundle(PROBE, MODULES).encode()) < 100_000

@@ -45,6 +45,8 @@ def edit(folder: Path, old: str, new: str) -> None:
         ("strip = 1", "strip = -1", "strip must be a non-negative integer"),
         ('[variants.files."vllm/envs.py"]', '[variants.files."vllm/envs.py"]\nsha256 = "x"', "unknown key(s) sha256"),
         ("strip = 1", "strip = [", "not valid TOML"),
+        ('probe_beside = "--census"', 'probe_beside = "census"', "probe_beside must be a probe's flag"),
+        ('probe_beside = "--census"', 'probe_beside = ["--census"]', "probe_beside must be a probe's flag"),
     ],
 )
 def test_a_broken_patch_toml_is_one_clean_line(patch_set: Path, tmp_path: Path, old, new, words):

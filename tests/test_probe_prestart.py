@@ -36,9 +36,33 @@ if __name__ == "__main__":
 '''
 
 
-def _start(tmp_path: Path, *modules: str, wait: float = 60) -> tuple[subprocess.Popen, Path]:
+# A stand-in with an import-free part (patch.toml probe_beside = "--part"): what each process saw.
+PART_PROBE = '''\
+import json, os, sys
+def main():
+    args = sys.argv[1:]
+    tree = open(args[1]).read()
+    if args[-1] == "--part":
+        if tree == "crash":
+            raise RuntimeError("the part failed")
+        print(json.dumps({"pid": os.getpid(), "tree": tree, "preloaded": "decimal" in sys.modules}))
+        return 0
+    part = None
+    if "--part-from" in args:
+        with open(args[args.index("--part-from") + 1]) as fh:
+            part = fh.read()
+    print(json.dumps({"pid": os.getpid(), "argv": args, "part": part, "tree": tree,
+                      "preloaded": "decimal" in sys.modules}))
+    return 0
+
+if __name__ == "__main__":
+    sys.exit(main())
+'''
+
+
+def _start(tmp_path: Path, *modules: str, wait: float = 60, probe: str = PROBE) -> tuple[subprocess.Popen, Path]:
     go = tmp_path / ".dspark-patch-go-test"
-    proc = subprocess.Popen([sys.executable, "-B", "-c", inside_source("prestart"), str(go), str(wait), PROBE, *modules],
+    proc = subprocess.Popen([sys.executable, "-B", "-c", inside_source("prestart"), str(go), str(wait), probe, *modules],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     return proc, go
 
@@ -89,6 +113,43 @@ def test_a_cancel_ends_it_without_running_the_probe(tmp_path):
     _go(go, {"cancel": True})
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == UNUSABLE and out == b"" and GO_LINE not in err
+
+
+def test_a_part_beside_runs_in_its_own_process_on_the_tree_at_the_go_ahead_and_the_probe_reads_it(tmp_path):
+    tree = tmp_path / "model.py"
+    tree.write_text("before")
+    proc, go = _start(tmp_path, "--beside=--part", "decimal", probe=PART_PROBE)
+    time.sleep(0.5)
+    tree.write_text("patched")
+    _go(go, {"argv": ["--site", str(tree)], "python": sys.executable, "packages": ["vllm"]})
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    seen = json.loads(out)
+    part = json.loads(seen["part"])
+    # the part ran in another process, which imported nothing of the probe's imports, after the
+    # go-ahead (it read the patched tree), and the probe proper got it through a pipe
+    assert part["pid"] != seen["pid"] and part["tree"] == seen["tree"] == "patched"
+    assert part["preloaded"] is False and seen["preloaded"] is True
+    assert seen["argv"][:2] == ["--site", str(tree)] and seen["argv"][2] == "--part-from"
+    assert seen["argv"][3].startswith("/dev/fd/") and len(seen["argv"]) == 4
+    assert err == GO_LINE and not go.exists()
+
+
+def test_a_part_that_fails_leaves_the_probe_an_empty_pipe_and_nothing_on_its_stderr(tmp_path):
+    tree = tmp_path / "model.py"
+    tree.write_text("crash")
+    proc, go = _start(tmp_path, "--beside=--part", probe=PART_PROBE)
+    _go(go, {"argv": ["--site", str(tree)], "python": sys.executable, "packages": ["vllm"]})
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and json.loads(out)["part"] == ""  # the probe then does the part itself
+    assert err == GO_LINE
+
+
+def test_with_a_part_beside_a_cancel_still_ends_both(tmp_path):
+    proc, go = _start(tmp_path, "--beside=--part", probe=PART_PROBE)
+    _go(go, {"cancel": True})
+    out, err = proc.communicate(timeout=60)  # the streams close: no process of it holds them
+    assert proc.returncode == UNUSABLE and out == b"" and GO_LINE not in err and not go.exists()
 
 
 def test_preload_takes_what_the_probe_imports_anywhere_but_never_the_distribution():

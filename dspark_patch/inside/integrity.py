@@ -3,8 +3,9 @@
 Usage: python -I -B -c SOURCE REQUEST_JSON, where the request is
   {"location": DIR, "folders": [the distribution's own top-level folders],
    "patched": [patched source paths, relative to location],
-   "proofs": base64 of 16-byte proofs (optional, see below)}
-Prints {"files": {path: [sha256, size]}, "others": [entries that are not regular files],
+   "proofs": base64 of 16-byte proofs (optional, see below),
+   "hash": false to leave the files' sha256 to the host (optional, default true)}
+Prints {"files": {path: [sha256 or null, size]}, "others": [entries that are not regular files],
 "top_level": [names], "pth": {name: text (latin-1) or null}, "pth_listed": [names],
 "bytecode": {pyc path: why-not-or-""}, "identity", "proofs", "proofs_reused"}. The host (dspark_patch.references
 `compare`) checks those facts against the published wheel; nothing here trusts the RECORD.
@@ -101,8 +102,9 @@ def added_files(present, listed, folders, pth_listed):
     return sorted(added)
 
 
-def _walk(location, folders):
-    """(files {rel: [sha256, size]}, others [rel]) of the own folders, lstat before any open."""
+def _walk(location, folders, hash_files=True):
+    """(files {rel: [sha256, size]}, others [rel]) of the own folders, lstat before any open;
+    without `hash_files` the sha256 is None (the host hashes the same bytes, see the request)."""
     files, others = {}, []
     # One buffer read into for every file: a fresh 1 MiB bytes per read is an mmap, a page
     # fault per 4 KiB and an munmap each time (a third of the walk's time in the kernel, for
@@ -133,14 +135,17 @@ def _walk(location, folders):
                 if not stat.S_ISREG(st.st_mode):
                     others.append(f"{rel_dir}/{name}")
                     continue
-                h = hashlib.sha256()
-                with open(full, "rb", buffering=0) as fh:
-                    while True:
-                        n = fh.readinto(buf)
-                        if not n:
-                            break
-                        h.update(view[:n])
-                files[f"{rel_dir}/{name}"] = [h.hexdigest(), st.st_size]
+                digest = None
+                if hash_files:
+                    h = hashlib.sha256()
+                    with open(full, "rb", buffering=0) as fh:
+                        while True:
+                            n = fh.readinto(buf)
+                            if not n:
+                                break
+                            h.update(view[:n])
+                    digest = h.hexdigest()
+                files[f"{rel_dir}/{name}"] = [digest, st.st_size]
     return files, sorted(others)
 
 
@@ -345,7 +350,7 @@ def check_bytecode_all(location, files, patched, proofs=_NO_PROOFS):
 
 def main(request):
     location = request["location"]
-    files, others = _walk(location, request["folders"])
+    files, others = _walk(location, request["folders"], request.get("hash", True))
     top_level, pth, pth_listed = _top_level(location)
     patched = set(request.get("patched", []))
     proofs = _Proofs(request.get("proofs"))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ from ..probe.prestart import EarlyProbe
 from ..probe.run import run_probe, start_probe_early
 from ..report.model import CompiledFile, CompileReport, FileReport, HunkReport, IntegrityReport, PatchReport, ProbeReport
 from ..targets import kept, proofs
-from ..targets.base import Distribution, ImageCapable, Target
+from ..targets.base import Distribution, HashesFiles, ImageCapable, Target
 from .runlog import RunLog, with_distribution
 
 
@@ -155,7 +156,7 @@ class EarlyStart:
     def __call__(self, patchset: PatchSet) -> None:
         if self._wanted and patchset.probe is not None:
             self.probe = start_probe_early(self._target, patchset.probe, modules=patchset.probe_modules,
-                                           distribution=patchset.distribution)
+                                           distribution=patchset.distribution, beside=patchset.probe_beside)
 
     def cancel(self) -> None:
         probe, self.probe = self.probe, None
@@ -195,11 +196,13 @@ def check_integrity(target: Target, dist: Distribution, diff: Diff, variant: Var
     folders = own_folders(p for p, _ in record) | {top}
     folders |= references.folders_of(dist.name, dist.version)
     request = {"location": dist.location, "folders": sorted(folders), "patched": py_files}
-    doc, kept_answer = _integrity_answer(target, dist, request)
-    files = {str(p): str(v[0]) for p, v in doc["files"].items()}
-    pth = {str(k): (None if v is None else str(v).encode("latin-1")) for k, v in doc["pth"].items()}
-    bytecode = {str(k): str(v) for k, v in doc["bytecode"].items()}
-    reused = 0 if kept_answer else int(doc.get("proofs_reused", 0))
+    doc, files, kept_answer = _integrity_answer(target, dist, request)
+    try:
+        pth = {str(k): (None if v is None else str(v).encode("latin-1")) for k, v in doc["pth"].items()}
+        bytecode = {str(k): str(v) for k, v in doc["bytecode"].items()}
+        reused = 0 if kept_answer else int(doc.get("proofs_reused", 0))
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError):
+        raise VerifyMismatch(f"the integrity check with {dist.python} answered without its facts") from None
     not_checked = tuple(p for p, _ in record if p.startswith(("/", "../")) or "/../" in p)
     stale = tuple(f"{pyc} {why}" for pyc, why in sorted(bytecode.items()) if why)
     post: dict[str, set[str | None]] = {}
@@ -220,42 +223,86 @@ def check_integrity(target: Target, dist: Distribution, diff: Diff, variant: Var
         bytecode_proofs_reused=reused, kept_answer=kept_answer)
 
 
-def _integrity_answer(target: Target, dist: Distribution, request: dict[str, Any]) -> tuple[dict[str, Any], bool]:
-    """inside/integrity.py's answer for `request`, and whether it is an image's answer kept by
-    its id from an earlier check (targets/kept.py says why that is as good as asking again).
+def _integrity_answer(target: Target, dist: Distribution,
+                      request: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str], bool]:
+    """inside/integrity.py's answer for `request`, the files' sha256, and whether it is an
+    image's answer kept by its id from an earlier check (targets/kept.py says why that is as
+    good as asking again).
 
     The proofs sent (kept from an earlier check by the same interpreter; inside/integrity.py
     says why a kept proof is as good as a compile, targets/proofs.py where they are kept) only
-    spare compiles, so they are not part of the key."""
-    script = inside_source("integrity")
-    key = target.answer_key(script, [request]) if isinstance(target, ImageCapable) else None
+    spare compiles, and who hashed (the walk or the host, `_gathered`) does not change a
+    hash, so neither is part of the key."""
+    key = target.answer_key(inside_source("integrity"), [request]) if isinstance(target, ImageCapable) else None
     doc: Any = kept.get(key) if key else None
     if _answer_ok(doc):
-        return doc, True
-    result = target.run_python(script, [json.dumps({**request, "proofs": proofs.to_send(target.info, dist)})],
-                               timeout=900)
-    try:
-        doc = json.loads(result.stdout.decode("utf-8"))
-    except ValueError:
-        doc = None
-    if not _answer_ok(doc):
-        raise VerifyMismatch(
-            f"the integrity check could not run with {dist.python}: {result.stderr.decode('utf-8', 'replace').strip()[-300:]}"
-        )
+        return doc, {str(p): str(v[0]) for p, v in doc["files"].items()}, True
+    doc, files = _gathered(target, dist, {**request, "proofs": proofs.to_send(target.info, dist)})
     proofs.keep(target.info, dist, doc)
     if key:
-        kept.keep(key, {k: v for k, v in doc.items() if k not in ("proofs", "identity")})
-    return doc, False
+        kept_doc = {k: v for k, v in doc.items() if k not in ("proofs", "identity", "files")}
+        kept_doc["files"] = {p: [files[p], doc["files"][p][1]] for p in files}
+        if _answer_ok(kept_doc):
+            kept.keep(key, kept_doc)
+    return doc, files, False
 
 
 def _answer_ok(doc: Any) -> bool:
-    """The shape check_integrity reads: files (path -> [sha256, ...]), pth, bytecode."""
+    """The shape check_integrity reads: files (path -> [sha256, size]), pth, bytecode."""
     try:
-        for v in doc["files"].values():
-            str(v[0])
-        return isinstance(doc["pth"], dict) and isinstance(doc["bytecode"], dict)
+        return all(isinstance(v[0], str) for v in doc["files"].values()) \
+            and isinstance(doc["pth"], dict) and isinstance(doc["bytecode"], dict)
     except (KeyError, TypeError, AttributeError, IndexError):
         return False
+
+
+def _gathered(target: Target, dist: Distribution, request: dict) -> tuple[dict, dict[str, str]]:
+    """inside/integrity.py's answer and the files' sha256. On a target that can and runs
+    emulated (an image of another architecture: its engine streams the same bytes,
+    targets/docker/tree_hashes.py), the host hashes the files
+    while the target's python walks them, and takes those hashes only if its archive holds
+    exactly the regular files the walk found, each of the size the walk saw; otherwise the walk
+    runs again and hashes them itself."""
+    native = target if isinstance(target, HashesFiles) and target.emulated else None
+    if native is None:
+        doc = _run_integrity(target, dist, request)
+        return doc, _walk_hashes(doc, dist)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        hashing = pool.submit(native.file_hashes, dist.location, request["folders"])
+        doc = _run_integrity(target, dist, {**request, "hash": False})
+        try:
+            hashed = hashing.result()
+        except Exception:  # noqa: BLE001 - a stream the engine dropped: the walk hashes instead
+            hashed = None
+    try:
+        walked = {str(p): int(v[1]) for p, v in doc["files"].items()}
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError):
+        walked = None
+    if hashed is not None and walked is not None and walked.keys() == hashed.keys() \
+            and all(hashed[p][1] == size for p, size in walked.items()):
+        return doc, {p: hashed[p][0] for p in walked}
+    doc = _run_integrity(target, dist, request)
+    return doc, _walk_hashes(doc, dist)
+
+
+def _run_integrity(target: Target, dist: Distribution, request: dict) -> dict:
+    result = target.run_python(inside_source("integrity"), [json.dumps(request)], timeout=900)
+    try:
+        doc = json.loads(result.stdout.decode("utf-8"))
+        if not isinstance(doc, dict):
+            raise ValueError("not an object")
+        return doc
+    except ValueError:
+        raise VerifyMismatch(
+            f"the integrity check could not run with {dist.python}: {result.stderr.decode('utf-8', 'replace').strip()[-300:]}"
+        ) from None
+
+
+def _walk_hashes(doc: dict, dist: Distribution) -> dict[str, str]:
+    try:
+        return {str(p): str(v[0]) for p, v in doc["files"].items()}
+    except (KeyError, TypeError, IndexError, AttributeError):
+        raise VerifyMismatch(f"the integrity check with {dist.python} answered without its files") from None
 
 
 def integrity_problems(i: IntegrityReport) -> list[str]:

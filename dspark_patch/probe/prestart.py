@@ -99,12 +99,14 @@ class EarlyProbe:
 
 
 def start_early(target: Target, source: str, *, sources: Sequence[str], exclude: Iterable[str],
-                env: Mapping[str, str], timeout: float) -> EarlyProbe | None:
-    """Start `source` (the probe as it will run) early on `target`, if the target can."""
+                env: Mapping[str, str], timeout: float, beside: str | None = None) -> EarlyProbe | None:
+    """Start `source` (the probe as it will run) early on `target`, if the target can; `beside`:
+    the flag of its import-free part, run in a child beside the imports (inside/prestart.py)."""
     if not isinstance(target, PreStarting):
         return None
     handshake = HANDSHAKE_PREFIX + secrets.token_hex(8)
-    argv = [f"/{handshake}", str(WAIT_S), source, *preload_modules(sources, exclude=exclude)]
+    argv = [f"/{handshake}", str(WAIT_S), source, *([f"--beside={beside}"] if beside else []),
+            *preload_modules(sources, exclude=exclude)]
     try:
         running = target.start_python(inside_source("prestart"), argv, env=env, timeout=WAIT_S + timeout)
     except DsparkPatchError:

@@ -100,11 +100,12 @@ def _census_entry(e: dict) -> CensusEntry:
 
 
 def start_probe_early(target: Target, probe: Path, *, modules: tuple[Path, ...] = (), distribution: str,
-                      timeout: float = PROBE_TIMEOUT_S) -> EarlyProbe | None:
-    """Start the probe's interpreter and imports now, on a target that can (see prestart.py)."""
+                      timeout: float = PROBE_TIMEOUT_S, beside: str | None = None) -> EarlyProbe | None:
+    """Start the probe's interpreter and imports now, on a target that can (see prestart.py);
+    `beside`: the flag of the probe's import-free part (patch.toml `probe_beside`)."""
     texts = [p.read_text(encoding="utf-8") for p in (probe, *modules)]
     return start_early(target, bundle(probe, modules), sources=texts, exclude=[distribution, *(m.stem for m in modules)],
-                       env=_PROBE_ENV, timeout=timeout)
+                       env=_PROBE_ENV, timeout=timeout, beside=beside)
 
 
 def run_probe(target: Target, dist: Distribution, probe: Path, *, modules: tuple[Path, ...] = (),

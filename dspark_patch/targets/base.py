@@ -244,6 +244,23 @@ class PreStarting(Protocol):
         ...
 
 
+@runtime_checkable
+class HashesFiles(Protocol):
+    """A target whose files the host can hash from the bytes its engine streams (an image):
+    where the target's own python runs emulated, the integrity walk leaves the hashing to the
+    host (targets/docker/tree_hashes.py); natively the target's python is the faster of the two."""
+
+    @property
+    def emulated(self) -> bool:
+        """Whether the target's programs run under emulation (another architecture than the engine's)."""
+        ...
+
+    def file_hashes(self, location: str, folders: Sequence[str]) -> Mapping[str, tuple[str, int]] | None:
+        """{path relative to `location`: (sha256, size)} of the regular files under `folders`;
+        None when it cannot tell (the walk then hashes them itself)."""
+        ...
+
+
 class SiteReader(Protocol):
     """An image's site folder read without running anything (`ImageStore.open_reader`)."""
 

@@ -47,6 +47,7 @@ from probe_allocation import (
 )
 from probe_census import (
     Ref,
+    Scan,
     census_case,
     dspark_mro,
     find_consumer,
@@ -55,6 +56,7 @@ from probe_census import (
     resolved_methods,
     run_census,
     runner_resolver,
+    scan_tree,
 )
 from probe_common import (
     AUX_RESOLVER_FN,
@@ -126,7 +128,9 @@ def _failed(exc: Exception) -> str:
     return str(exc) if isinstance(exc, Missing) else f"{type(exc).__name__}: {exc}"
 
 
-def run_cases(site: Path, torch) -> tuple[list[CaseResult], list[Ref]]:
+def run_cases(site: Path, torch, scan: Scan | None = None) -> tuple[list[CaseResult], list[Ref]]:
+    """Every case, on the tree at `site`; `scan`: the census's walk of that tree, made beside
+    (`--census-from`), else walked here."""
     sources = Sources(site)
     cases: list[CaseResult] = []
 
@@ -235,7 +239,7 @@ def run_cases(site: Path, torch) -> tuple[list[CaseResult], list[Ref]]:
     refs: list[Ref] = []
     helper = drafter_helper_present(sources)
     try:
-        refs, problems = run_census(sources, {(rel, c.name) for rel, c in mro})
+        refs, problems = run_census(sources, {(rel, c.name) for rel, c in mro}, scan)
         census = census_case(refs, problems)
         cases.append(forward_case(refs))
         cases.append(runner_case(refs, helper))
@@ -267,12 +271,35 @@ def in_registered_order(cases: list[CaseResult]) -> list[CaseResult]:
     return out + [CaseResult(c.name, False, f"not a registered case: {c.detail}") for c in by_name.values()]
 
 
+CENSUS_SCHEMA = "dspark-skip-mtp-buffer/census-walk/v1"
+
+
+def _scan_from(path: str | None, site: Path) -> Scan | None:
+    """The walk --census wrote to `path` for this very `site` (read to its end: the child may
+    still be walking), or None: then run_cases walks the tree itself."""
+    if path is None:
+        return None
+    try:
+        with open(path, encoding="utf-8") as fh:
+            doc = json.loads(fh.read())
+        if not isinstance(doc, dict) or doc.pop("schema", None) != CENSUS_SCHEMA or doc.pop("site", None) != str(site):
+            return None
+        return Scan.from_json(doc)
+    except (OSError, ValueError):
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="probe.py", description=f"CPU probe for the {PATCH_SET} patch set"
     )
     parser.add_argument("--site", required=True, help="site-packages folder holding vllm/")
     parser.add_argument("--json", action="store_true", help="accepted; output is always JSON")
+    # The census's walk needs no torch: where the probe starts early (patch.toml probe_beside),
+    # a child of the early process runs it with --census beside torch's import, after the same
+    # go-ahead, and the probe reads its output with --census-from (unreadable: it walks itself).
+    parser.add_argument("--census", action="store_true", help="print only the census's walk (JSON) and exit")
+    parser.add_argument("--census-from", metavar="PATH", help="the census's walk, as --census printed it")
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:
@@ -282,6 +309,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"probe.py: no vllm package under {site} (pass the site-packages folder)",
               file=sys.stderr)
         return 2
+    if args.census:
+        gc.disable()  # as below: the walk's trees are garbage only once the process ends
+        guard = _NoVllmImports()
+        sys.meta_path.insert(0, guard)
+        try:
+            doc = scan_tree(Sources(site)).as_json()
+        finally:
+            sys.meta_path.remove(guard)
+        print(json.dumps({"schema": CENSUS_SCHEMA, "site": str(site), **doc}))
+        return 0
     try:
         import torch
     except Exception as exc:  # the image's interpreter lacks torch: an environment problem
@@ -296,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     guard = _NoVllmImports()
     sys.meta_path.insert(0, guard)
     try:
-        cases, refs = run_cases(site, torch)
+        cases, refs = run_cases(site, torch, _scan_from(args.census_from, site))
     finally:
         sys.meta_path.remove(guard)
     ok = all(c.ok for c in cases)

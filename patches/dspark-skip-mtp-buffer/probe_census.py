@@ -525,7 +525,44 @@ def _python_files(site: Path, top: str) -> list[str]:
     return ["/".join(parts) for parts in sorted(found) if "__pycache__" not in parts]
 
 
-def run_census(sources: Sources, mro_classes: set[tuple[str, str]]) -> tuple[list[Ref], list[str]]:
+class Scan:
+    """The census's walk over the tree, before any reach verdict: every reference found, the files
+    that do not parse, and the files naming the patched decision function (what `reach` needs).
+    It reads the tree and nothing else, so it can run in a process of its own (probe.py --census)
+    and travel as JSON (`as_json` / `from_json`); the verdict is the same either way."""
+
+    def __init__(self, refs: list[Ref], problems: list[str], skipping: set[str]) -> None:
+        self.refs, self.problems, self.skipping = refs, problems, skipping
+
+    def as_json(self) -> dict[str, object]:
+        return {"refs": [[r.rel, r.line, r.function, r.cls, r.symbol, r.kind, r.none_safe, r.why] for r in self.refs],
+                "problems": self.problems, "skipping": sorted(self.skipping)}
+
+    @classmethod
+    def from_json(cls, doc: object) -> Scan:
+        """The scan `as_json` wrote; ValueError for anything else."""
+        if not isinstance(doc, dict) or set(doc) != {"refs", "problems", "skipping"}:
+            raise ValueError("not a census scan")
+        refs = []
+        for row in doc["refs"]:
+            if not (isinstance(row, list) and len(row) == 8 and isinstance(row[1], int) and isinstance(row[6], bool)
+                    and all(isinstance(row[i], str) for i in (0, 2, 4, 5, 7)) and isinstance(row[3], (str, type(None)))):
+                raise ValueError("a malformed census reference")
+            refs.append(Ref(*row))
+        if not all(isinstance(p, str) for p in doc["problems"]) or not all(isinstance(f, str) for f in doc["skipping"]):
+            raise ValueError("malformed census problems or files")
+        return cls(refs, list(doc["problems"]), set(doc["skipping"]))
+
+
+def run_census(sources: Sources, mro_classes: set[tuple[str, str]], scan: Scan | None = None) -> tuple[list[Ref], list[str]]:
+    """Every reference with its reach verdict; `scan`: the walk, made already (else walked now)."""
+    scan = scan if scan is not None else scan_tree(sources)
+    for ref in scan.refs:
+        ref.reached, ref.reach_why = reach(ref, skipping_files=scan.skipping, mro_classes=mro_classes)
+    return scan.refs, scan.problems
+
+
+def scan_tree(sources: Sources) -> Scan:
     refs: list[Ref] = []
     problems: list[str] = []
     needles = [s.encode() for s in CENSUS_SYMBOLS]
@@ -543,9 +580,7 @@ def run_census(sources: Sources, mro_classes: set[tuple[str, str]]) -> tuple[lis
             problems.append(f"{rel}: does not parse ({exc.msg}, line {exc.lineno})")
             continue
         refs.extend(scan_file(rel, tree))
-    for ref in refs:
-        ref.reached, ref.reach_why = reach(ref, skipping_files=skipping, mro_classes=mro_classes)
-    return refs, problems
+    return Scan(refs, problems, skipping)
 
 
 def census_case(refs: list[Ref], problems: list[str]) -> CaseResult:

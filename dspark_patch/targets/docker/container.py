@@ -112,7 +112,12 @@ class WorkContainer:
             self._term.__exit__(None, None, None)
 
     def _start(self) -> None:
-        self._container = self._engine.create_container(self._image_id, name=container_name("target"), **self._keepalive)
+        # The image's HEALTHCHECK probes a server that never starts here; left on, the engine
+        # runs it every interval beside the tool's own work (under emulation each run is an
+        # interpreter start of seconds on the CPU the probe needs). The result image's config
+        # is the source's, never this container's, so it keeps its health check.
+        self._container = self._engine.create_container(self._image_id, name=container_name("target"),
+                                                        healthcheck={"test": ["NONE"]}, **self._keepalive)
         try:
             self._container.start()
         except docker.errors.APIError as exc:

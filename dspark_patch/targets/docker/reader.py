@@ -60,7 +60,7 @@ from .naming import container_name as _container_name
 NEVER_STARTED = ["/dspark-patch-status-never-starts"]
 
 
-class _ChunkReader(io.RawIOBase):
+class ChunkReader(io.RawIOBase):
     """A file object over the engine's response chunks, for tarfile's stream mode."""
 
     def __init__(self, chunks: Iterator[bytes]) -> None:
@@ -149,7 +149,7 @@ class ImageReader:
             raise TargetNotFound(f"{path} vanished from image {self.ref}") from None
         except docker.errors.APIError as exc:
             raise EnvironmentProblem(f"reading {path} in image {self.ref} failed: {_reason(exc)}") from exc
-        return io.BufferedReader(_ChunkReader(chunks), 1 << 20)
+        return io.BufferedReader(ChunkReader(chunks), 1 << 20)
 
     def read_small(self, path: str, limit: int = 1 << 16) -> bytes | None:
         """A small regular file's bytes (pyvenv.cfg, a script's `#!` line), None otherwise."""
@@ -232,7 +232,7 @@ def save_views(engine: DockerEngine, image_ids: Sequence[str], distribution: str
         raise EnvironmentProblem(f"reading the images' layers failed: HTTP {response.status_code} {response.text.strip()[:200]}")
     try:
         chunks = response.iter_content(1 << 20)
-        stream = io.BufferedReader(_ChunkReader(chunks if stop is None else _until(stop, chunks)), 1 << 20)
+        stream = io.BufferedReader(ChunkReader(chunks if stop is None else _until(stop, chunks)), 1 << 20)
         return views_from_save(stream, image_ids, distribution, keep, cache=cache)
     except requests.exceptions.RequestException as exc:
         raise EnvironmentProblem(f"reading the images' layers failed: {exc}") from exc

@@ -48,7 +48,7 @@ from ..base import (
 from ..layerfs import merge_scans
 from ..layers import TarStream
 from ..layers.cache import ScanCache
-from . import result_image
+from . import emulation, result_image, tree_hashes
 from .client import DockerEngine, ImageInfo
 from .container import NEW_FILE, ExecutableMissing, FileMeta, RunningCall, WorkContainer
 from .reader import ImageReader, save_views
@@ -85,6 +85,7 @@ class ImageTarget:
         self._notes: list[str] = []
         self._layer: bytes | None = None
         self._written = False             # anything copied into the work container: no answer is kept after
+        self._emulated: bool | None = None
         self._stack = ExitStack()
 
     # --- lifecycle ----------------------------------------------------------------------
@@ -398,6 +399,18 @@ class ImageTarget:
             raise ValueError(f"not a handshake file name: {name!r}")
         self._written = True
         self.container.copy_into(f"/{name}", data, NEW_FILE)
+
+    @property
+    def emulated(self) -> bool:
+        """Whether the image is of another architecture than the engine's host (qemu runs it)."""
+        if self._emulated is None:
+            self._emulated = self.source.architecture not in ("", emulation.engine_platform(self.engine)[1])
+        return self._emulated
+
+    def file_hashes(self, location: str, folders: Sequence[str]) -> Mapping[str, tuple[str, int]] | None:
+        """The sha256 of every regular file under `folders` of `location`, hashed here from the
+        engine's archive of the work container (tree_hashes.py says why that is the same bytes)."""
+        return tree_hashes.folder_hashes(self.container.container.client.api, self.container.id, location, folders)
 
     # --- ImageCapable ---------------------------------------------------------------------
     def take_layer(self, paths: Sequence[str], deleted: Sequence[str] = ()) -> tuple[LayerEntry, ...]:
