@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from ..pipeline.port import port as run_port
-from ..pipeline.port import reader_line
-from ..pipeline.requests import PortRequest
-from ..report.port_model import PortReport
 from . import common, output
+
+if TYPE_CHECKING:
+    from ..report.port_model import PortReport
 
 
 def register(app: typer.Typer) -> None:
@@ -33,6 +32,9 @@ def port(
     """Make a candidate variant of a patch set for another release: an exact three-way merge
     (never fuzz), conflicts left for a person, then compile and probe checks; the variant is
     written "unreviewed", with a review file."""
+    from ..pipeline.port import port as run_port
+    from ..pipeline.requests import PortRequest
+
     request = PortRequest(
         release=to, patch=patch, wheel=None if wheel is None else str(wheel), root=None if root is None else str(root),
         image=image, python=python, pull=common.pull_policy(pull), source_variant=source_variant,
@@ -51,6 +53,8 @@ def port(
 
 
 def _render(report: PortReport) -> None:
+    from ..pipeline.port import reader_line
+
     output.line(f"port {report.patch or '?'} {report.source_variant or '?'} -> {report.release}: {report.status} "
                 f"(work folder {report.work})")
     for f in report.files:

@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
 
 from ..errors import BadInput
-from ..report.status_model import FleetStatus, ImageStatus
-from ..status.fleet import StatusRequest, read_refs_file
-from ..status.fleet import status as run_status
-from ..status.shard import parse_shard
 from . import common, output
+
+if TYPE_CHECKING:
+    from ..report.status_model import FleetStatus, ImageStatus
 
 _STATE_STYLE = {"applied": "green", "absent": "dim", "partial": "red", "drifted": "red", "not-applicable": "dim"}
 
@@ -44,6 +43,11 @@ def status(
     the published wheel), RECORD rows or bytecode that disagree, no reference for its release, a
     drifted or partial patch set, or no vLLM; 2: bad input (a missing image, a malformed RECORD);
     3: the engine or a registry (unreachable, refused, a blob that is not its digest)."""
+    # The fleet's readers (layers, registry, engine) load when status runs, not at each start.
+    from ..status.fleet import StatusRequest, read_refs_file
+    from ..status.fleet import status as run_status
+    from ..status.shard import parse_shard
+
     if via not in ("auto", "layers", "container", "registry"):
         raise BadInput(f"--via {via!r}: choose auto, layers, container or registry")
     if via == "layers" and platform is not None:

@@ -17,8 +17,6 @@ from ..patching.plan import FilePlan, PatchPlan
 from ..patchset import PatchSet, Variant, available
 from ..report.model import ImageRecord, LayerChange, LayerReport
 from ..targets.base import Distribution, ImageCapable, LayerEntry
-from ..targets.layerfs import status_keep_identity
-from ..targets.layers.cache import ScanCache
 from .requests import ImageSpec
 from .runlog import RunLog
 from .steps import bytecode_paths
@@ -59,6 +57,10 @@ class LayerCheck:
     every layer a status or apply run already read is not saved again."""
 
     def __init__(self, target: ImageCapable, distribution: str) -> None:
+        # The strict layer reader loads here, for an image, not with every local command.
+        from ..targets.layerfs import status_keep_identity
+        from ..targets.layers.cache import ScanCache
+
         self._target, self._distribution = target, distribution
         self._keep = frozenset(path for p in available() if not p.is_bare for v in p.variants for path in v.files)
         self._cache = ScanCache.from_env(status_keep_identity(distribution, self._keep))
