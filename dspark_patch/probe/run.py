@@ -71,7 +71,21 @@ class _ProbeModules(_abc.MetaPathFinder, _abc.Loader):
 
 _sys.meta_path.insert(0, _ProbeModules())
 _SOURCES["__main__"] = {entry!r}
-exec(compile(_text("__main__"), "<{entry_name}>", "exec"), {{"__name__": "__main__", "__builtins__": __builtins__}})
+try:
+    exec(compile(_text("__main__"), "<{entry_name}>", "exec"), {{"__name__": "__main__", "__builtins__": __builtins__}})
+    _status = 0
+except SystemExit as _exit:
+    _status = _exit.code
+if _status is not None and not isinstance(_status, int):
+    print(_status, file=_sys.stderr)
+    _status = 1
+# The verdict is on stdout: flushed, the process ends without the interpreter's teardown (with
+# torch loaded, 0.2 s natively and seconds under emulation; the probe writes no file).
+try:
+    _sys.stdout.flush()
+    _sys.stderr.flush()
+finally:
+    __import__("os")._exit(_status or 0)
 """
 
 
