@@ -7,7 +7,7 @@ Each command builds a request, hands it to the pipeline, and renders the report 
 from __future__ import annotations
 
 import sys
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 
@@ -60,7 +60,32 @@ def main() -> None:
         app()
     except DsparkPatchError as exc:
         error_line(exc)
-        sys.exit(exc.exit_code)
+        _end(exc.exit_code)
     except KeyboardInterrupt:
         output.line("dspark-patch: interrupted; nothing was committed", err=True)
-        sys.exit(130)
+        _end(130)
+    except SystemExit as exc:
+        if exc.code is None or isinstance(exc.code, int):
+            _end(exc.code or 0)
+        raise
+    _end(0)
+
+
+def _end(code: int) -> NoReturn:
+    """Exit with `code` once the work is done: the exit handlers run (temporary folders, logging)
+    and the streams are flushed, then the process ends without the interpreter's teardown of
+    every module and object (0.1-0.2 s of each command, all of it after the report). Only when
+    this is the last thread: anything still running ends the ordinary way, joined."""
+    import atexit
+    import os
+    import threading
+
+    if threading.active_count() > 1:
+        sys.exit(code)
+    atexit._run_exitfuncs()
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        sys.exit(code)  # a closed pipe: the ordinary exit says so as before
+    os._exit(code)
