@@ -25,7 +25,7 @@ from dspark_patch.registry.index import OCI_MANIFEST, Registry, digest_of
 from tests.support import images
 from tests.support.cli import run
 from tests.support.keys import keyid, make_key
-from tests.support.registry import login_registry_in
+from tests.support.registry import login_registry_in, put_image
 
 pytestmark = pytest.mark.engine
 
@@ -36,6 +36,9 @@ USER, PASSWORD = "dspark", "s3cret-" + uuid.uuid4().hex[:8]
 def login_registry(tmp_path_factory):
     """(host, DOCKER_CONFIG folder, the registry's log) of a registry asking for a login."""
     with login_registry_in(tmp_path_factory.mktemp("attest-registry"), USER, PASSWORD) as reg:
+        # The source image is there already, as in a team's registry: the engine pushes only
+        # the patched layer.
+        put_image(images.fixture_image(), f"{reg.address}/dspark-patch/signed:source")
         yield reg
 
 
@@ -221,11 +224,7 @@ def test_verify_refuses_an_attestation_copied_onto_another_images_digest(signed,
     host = login_registry[0]
     monkeypatch.setenv("DOCKER_CONFIG", str(login_registry[1]))
     other = f"{host}/dspark-patch/source-{uuid.uuid4().hex[:8]}:0.33.0"
-    subprocess.run(["docker", "tag", images.fixture_image(), other], check=True, capture_output=True)
-    try:
-        subprocess.run(["docker", "--config", str(login_registry[1]), "push", "--quiet", other], check=True, capture_output=True)
-    finally:
-        subprocess.run(["docker", "rmi", other], capture_output=True, check=False)
+    put_image(images.fixture_image(), other, login_registry[1])
     _forge(host, other, _signed_envelope(host, signed[2]))  # a valid signature, about another digest
     res = run("verify", "--image", other, "--attestation", "--key", str(keys["ec"].public),
               "--report-dir", str(tmp_path / "r"), env=_env(login_registry))
@@ -237,11 +236,7 @@ def test_verify_refuses_an_artifact_re_pointed_at_another_digest(signed, keys, l
     other = f"{host}/dspark-patch/victim-{uuid.uuid4().hex[:8]}:other"
     _copy(f"{signed[0]}", other)
     source = f"{host}/dspark-patch/source-{uuid.uuid4().hex[:8]}:0.33.0"
-    subprocess.run(["docker", "tag", images.fixture_image(), source], check=True, capture_output=True)
-    try:
-        subprocess.run(["docker", "--config", str(login_registry[1]), "push", "--quiet", source], check=True, capture_output=True)
-    finally:
-        subprocess.run(["docker", "rmi", source], capture_output=True, check=False)
+    put_image(images.fixture_image(), source, login_registry[1])
     victim_repo = victim.rsplit(":", 1)[0]
     _copy(source, f"{victim_repo}:unpatched")
     # The victim's fallback tag lists an artifact whose subject is the unpatched image.

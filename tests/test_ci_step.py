@@ -16,14 +16,16 @@ import pytest
 from dspark_patch.report.audit_json import load_schema
 from tests.support.cli import run
 from tests.support.images import fixture_image
-from tests.support.registry import loopback_registry
+from tests.support.registry import loopback_registry, put_image
 
 PY = sys.executable
 
 
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory):
+    """A team's registry, which already holds the source image the step starts from."""
     with loopback_registry(tmp_path_factory.mktemp("registry")) as address:
+        put_image(fixture_image(), f"{address}/dspark-patch/vllm:source")
         yield address
 
 

@@ -23,7 +23,7 @@ import pytest
 from dspark_patch.targets.docker import CONFIG_FIELDS
 from tests.support import images
 from tests.support.cli import run
-from tests.support.registry import login_registry_in, push_only_to_registry
+from tests.support.registry import login_registry_in, push_only_to_registry, put_image
 
 LABEL_PREFIX = "io.github.dspark-patch"
 
@@ -213,6 +213,9 @@ USER, PASSWORD = "dspark", "s3cret-" + uuid.uuid4().hex[:8]
 def login_registry(tmp_path_factory):
     """A loopback registry asking for a login, and a DOCKER_CONFIG folder holding that login."""
     with login_registry_in(tmp_path_factory.mktemp("login-registry"), USER, PASSWORD) as reg:
+        # A team's registry holds the source image beside the patched ones pushed here (the
+        # engine then pushes only the new layer, as it would there).
+        put_image(images.fixture_image(), f"{reg.address}/dspark-patch/patched:source")
         yield reg.address, reg.config
 
 

@@ -28,7 +28,7 @@ from dspark_patch.registry.index import (
     digest_of,
 )
 from tests.support.images import ROOT, fixture_image
-from tests.support.registry import loopback_registry
+from tests.support.registry import loopback_registry, put_image
 
 # What the published index says about itself (kept by republish, checked by tests).
 INDEX_ANNOTATIONS = {
@@ -110,7 +110,8 @@ def publish_index(registry_host: str, *, repository: str = "dspark-patch/vllm-fi
     images = []
     for local, platform in zip((fixture_image(), arm64_fixture_image()), PLATFORMS):
         remote = f"{base}:{tag}-{platform['architecture']}"
-        _push_image(local, remote)
+        # Both images are gigabytes: the engine pushes them once (tests/support/seed.py).
+        put_image(local, remote)
         images.append((registry.fetch(remote), platform))
     attestations = [_attestation(registry, base, images[0][0])] if attestation else []
     body = compose_index(media_type=kind, images=images, annotations=INDEX_ANNOTATIONS,
@@ -122,8 +123,7 @@ def publish_index(registry_host: str, *, repository: str = "dspark-patch/vllm-fi
 
 @contextmanager
 def fixture_index(workdir: Path, *, kind: str = DOCKER_LIST, attestation: bool = False) -> Iterator[PublishedIndex]:
-    """A fresh loopback registry holding the two-platform fixture index (for a module fixture:
-    pushing both images takes a few minutes on a shared 2-core machine)."""
+    """A fresh loopback registry holding the two-platform fixture index (for a module fixture)."""
     with loopback_registry(workdir) as host:
         yield publish_index(host, kind=kind, attestation=attestation)
 

@@ -40,6 +40,11 @@ auth:
 """
 
 
+# host:port -> storage folder, for the loopback registries running now (tests/support/seed.py
+# puts an image straight into one of them).
+_STORAGE: dict[str, Path] = {}
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -47,12 +52,13 @@ def _free_port() -> int:
 
 
 @contextmanager
-def loopback_registry(workdir: Path, login: tuple[str, str] | None = None) -> Iterator[str]:
-    """Yields 'host:port' of a running registry (asking for `login` if given); stops it afterwards."""
+def loopback_registry(workdir: Path, login: tuple[str, str] | None = None, port: int | None = None) -> Iterator[str]:
+    """Yields 'host:port' of a running registry (asking for `login` if given; on a free port
+    unless `port` is given); stops it afterwards."""
     binary = shutil.which("docker-registry")
     if binary is None:
         raise RuntimeError("docker-registry is not installed (scripts/ensure-docker installs it)")
-    port = _free_port()
+    port = port or _free_port()
     (workdir / "storage").mkdir(parents=True, exist_ok=True)
     config = workdir / "config.yml"
     text = CONFIG.format(root=workdir / "storage", port=port)
@@ -79,8 +85,10 @@ def loopback_registry(workdir: Path, login: tuple[str, str] | None = None) -> It
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"the registry did not start: {(workdir / 'registry.log').read_text()[-2000:]}")
                 time.sleep(0.2)
+        _STORAGE[f"127.0.0.1:{port}"] = workdir / "storage"
         yield f"127.0.0.1:{port}"
     finally:
+        _STORAGE.pop(f"127.0.0.1:{port}", None)
         proc.terminate()
         proc.wait(timeout=10)
         log.close()
@@ -121,19 +129,34 @@ def docker_login(config_dir: Path, registry: str, user: str, password: str) -> N
     )
 
 
-def push_only_to_registry(source: str, target: str, config_dir: Path) -> str:
-    """Push local image `source` as `target` (with the login in `config_dir`), then drop the
-    local `target` name, so the engine has to pull it to use it. Returns the pushed digest ref."""
-    subprocess.run(["docker", "tag", source, target], check=True, capture_output=True)
+def put_image(local: str, remote: str, config_dir: Path | None = None) -> str:
+    """What `docker push` of local image `local` as `remote` leaves in the registry, without the
+    engine's second compression of every layer when the registry is a loopback one of this
+    session (tests/support/seed.py); a real push otherwise. Returns the digest ref."""
+    host, _, rest = remote.partition("/")
+    repository, _, tag = rest.rpartition(":")
+    storage = _STORAGE.get(host)
+    if storage is not None:
+        from tests.support.seed import put
+
+        return f"{host}/{repository}@{put(local, storage, repository, tag)}"
+    config = ["--config", str(config_dir)] if config_dir is not None else []
+    subprocess.run(["docker", "tag", local, remote], check=True, capture_output=True)
     try:
-        subprocess.run(["docker", "--config", str(config_dir), "push", "--quiet", target],
-                       check=True, capture_output=True, text=True)
+        subprocess.run(["docker", *config, "push", "--quiet", remote], check=True, capture_output=True, text=True)
         digests = subprocess.run(
-            ["docker", "image", "inspect", "-f", "{{json .RepoDigests}}", target],
+            ["docker", "image", "inspect", "-f", "{{json .RepoDigests}}", remote],
             check=True, capture_output=True, text=True,
         ).stdout
-        repository = target.rsplit(":", 1)[0]
-        digest = next(d for d in json.loads(digests) if d.startswith(repository + "@"))
+        digest = next(d for d in json.loads(digests) if d.startswith(f"{host}/{repository}@"))
     finally:
-        subprocess.run(["docker", "rmi", target], check=False, capture_output=True)
+        # The remote name is only a means to push; leaving it would make the engine think the
+        # image is already local when a test pulls it back.
+        subprocess.run(["docker", "rmi", remote], check=False, capture_output=True)
     return digest
+
+
+def push_only_to_registry(source: str, target: str, config_dir: Path) -> str:
+    """Push local image `source` as `target` (with the login in `config_dir`), leaving no local
+    `target` name, so the engine has to pull it to use it. Returns the pushed digest ref."""
+    return put_image(source, target, config_dir)
