@@ -327,6 +327,33 @@ def test_status_reads_an_image_made_by_apply_beside_its_source_in_one_save(sourc
 
 
 @pytest.mark.engine
+def test_status_of_an_image_apply_just_made_saves_nothing_and_says_what_reading_it_says(tmp_path: Path) -> None:
+    """apply keeps the scan of the layer it made beside its source's: the status a CI step runs
+    next reads no layer of the result (no save, no container), and its row is the row of a read
+    of the image's files through a container."""
+    tag = f"dspark-patch-test/status-applied:{secrets.token_hex(4)}"
+    res = run("apply", "--image", images.fixture_image(), "--tag", tag, "--pull", "never", "--no-probe",
+              "--report-dir", str(tmp_path / "r"))
+    assert res.returncode == 0, res.stderr
+    try:
+        result = json.loads((tmp_path / "r" / "audit.json").read_text())["result_image"]["id"]
+        since = str(int(time.time()))
+        time.sleep(1)
+        code, quick = status_json("--image", tag)
+        time.sleep(1)
+        until = str(int(time.time()) + 1)
+        saved = _docker("events", "--since", since, "--until", until, "--filter", "type=image",
+                        "--format", "{{.Action}} {{.Actor.ID}}")
+        assert not [line for line in saved.splitlines() if line.startswith("save")], saved
+        assert _container_events(since, until, {result, result.removeprefix("sha256:")}) == []
+        code_c, read = status_json("--image", tag, "--via", "container")
+        assert (code, quick["images"]) == (code_c, read["images"])
+        assert quick["images"][0]["patch_sets"][PATCH_ID] == "applied" and quick["images"][0]["error"] is None
+    finally:
+        subprocess.run(["docker", "rmi", "-f", tag], capture_output=True, check=False)
+
+
+@pytest.mark.engine
 def test_status_sharded_and_merged_is_the_unsharded_run(fleet: dict[str, str], tmp_path: Path) -> None:
     """A CI matrix / indexed Job of N runs, then `report merge`: the same rows in the same order,
     the same exit code, Markdown and JUnit as one run over the whole list (N = 1, 2, 3)."""

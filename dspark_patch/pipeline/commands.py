@@ -205,6 +205,7 @@ def _patch(request: ApplyRequest, target: Target, run: RunLog, *, image: _ImageF
             return run.report("applied")
         layers.join(run)
         commit_image(image.spec, image.target, plan, patchset, variant, run)
+        layers.keep_new_layer()
     except BaseException:
         with run.step("restore"):
             target.restore(bytecode_restore_plan(target, pyc_before, plan))

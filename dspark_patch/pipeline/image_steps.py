@@ -88,6 +88,11 @@ class LayerCheck:
         self._stop.set()
         self._thread.join(timeout=2.0)
 
+    def keep_new_layer(self) -> None:
+        """After the commit: the new layer's scan into the same cache, so that `status` (or an
+        apply) of the result reads none of its layers again, the new one included."""
+        self._target.keep_layer_scan(self._distribution, self._keep, self._cache)
+
     def join(self, run: RunLog) -> None:
         with run.step("layers"):
             self._thread.join()

@@ -191,6 +191,12 @@ class ImageCapable(Target, Protocol):
         `stop` ends a read under way."""
         ...
 
+    def keep_layer_scan(self, distribution: str, keep: Iterable[str], cache: ScanCache) -> None:
+        """Keep the scan of the layer `commit` added in `cache`, by its diff_id, as
+        `check_layers` keeps the source's: its bytes are the tool's own, so a later read of the
+        result need not save the image for it."""
+        ...
+
     def answer_key(self, source: str, args: Sequence[Any]) -> str | None:
         """The key under which the image's answer to the read-only script `source` with `args`
         (run by the distribution's python) is kept by image id (targets/kept.py); None once

@@ -45,9 +45,10 @@ from ..base import (
     RunResult,
     TargetInfo,
 )
-from ..layerfs import merge_scans
+from ..layerfs import merge_scans, status_keep
 from ..layers import TarStream
 from ..layers.cache import ScanCache
+from ..layers.scan import scan_layer
 from . import emulation, result_image, tree_hashes
 from .client import DockerEngine, ImageInfo
 from .container import NEW_FILE, ExecutableMissing, FileMeta, RunningCall, WorkContainer
@@ -282,6 +283,21 @@ class ImageTarget:
                               hint=found.hint or "the engine and this tool could unpack this image differently; "
                               "rebuild it from trusted layers")
         return saved
+
+    def keep_layer_scan(self, distribution: str, keep: Iterable[str], cache: ScanCache) -> None:
+        """The scan of the layer `commit` added, into `cache` by its diff_id (the sha256 of these
+        very bytes, which the engine checked on load), named as a save would name it: a status of
+        the result then saves nothing (the source's layers are there from `check_layers`). A
+        layer the reader refuses is not kept: a later read says so itself."""
+        if self._layer is None:
+            return
+        digest = "sha256:" + hashlib.sha256(self._layer).hexdigest()
+        try:
+            scan = scan_layer(io.BytesIO(self._layer), where=f"layer {digest} of the engine's save",
+                              keep=status_keep(distribution, keep))
+        except DsparkPatchError:
+            return
+        cache.put(digest, scan)
 
     def answer_key(self, source: str, args: Sequence[Any]) -> str | None:
         """The key under which the image's answer to the read-only script `source` run with
