@@ -15,3 +15,15 @@ apt_install() {
         || { apt-get -o DPkg::Lock::Timeout=600 update -qq >&2 &&
              apt-get -o DPkg::Lock::Timeout=600 install -y -qq "$@" >&2; }
 }
+
+# Debian's archive as this machine's apt knows it (deb822 .sources or one-line .list files),
+# unless DSPARK_PATCH_DEBIAN_MIRROR names one. The archive carries every architecture.
+debian_mirror() {
+    if [ -n "${DSPARK_PATCH_DEBIAN_MIRROR:-}" ]; then echo "$DSPARK_PATCH_DEBIAN_MIRROR"; return; fi
+    local found
+    # Some of these files may not exist; cat's complaint is not an error here.
+    found=$(cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list \
+        /etc/apt/sources.list.d/*.sources 2>/dev/null | grep -v '^\s*#' \
+        | grep -oE '[a-z]+://[^ ]+' | grep -v -- '-security' || true)
+    echo "${found%%$'\n'*}"
+}

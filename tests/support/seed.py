@@ -3,7 +3,7 @@
 Many test modules need the 2 GB fixture in a registry of their own (a login, an index, a fleet).
 `docker push` compresses every layer again for each new registry: on a 2-core machine that is
 most of a minute per image, per module. Here the engine pushes an image once, into a seed
-registry kept in the cache by image ID (~/.cache/dspark-patch/registry-seed); putting it into
+registry kept in the cache by image ID ($DSPARK_PATCH_CACHE/registry-seed); putting it into
 another loopback registry (tests/support/registry.py, whose storage folder is known) then links
 the same blobs into that registry's storage and writes the repository's links and the tag, the
 files distribution itself writes for a push. What the registry then serves is byte for byte what
@@ -25,7 +25,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dspark-patch" / "registry-seed"
+from tests.support.vllm import CACHE as PROJECT_CACHE
+
+CACHE = PROJECT_CACHE / "registry-seed"
+STORAGE = CACHE / "storage"   # the seed registry's own storage folder (loopback_registry's layout)
 V2 = Path("docker") / "registry" / "v2"
 # The seed registry's port, the same in every session: the engine remembers which layers it
 # pushed to which registry, so an image built on a seeded one (the fleet's images on the
@@ -68,8 +71,7 @@ def _read(image_id: str) -> Seeded | None:
     except (OSError, ValueError):
         return None
     seeded = Seeded(doc["manifest"], tuple(doc["blobs"]))
-    storage = CACHE / "storage"
-    if all(_blob(storage, d).is_file() for d in (seeded.manifest, *seeded.blobs)):
+    if all(_blob(STORAGE, d).is_file() for d in (seeded.manifest, *seeded.blobs)):
         return seeded
     return None
 
@@ -79,21 +81,22 @@ def seeded(local: str) -> Seeded:
     from tests.support.registry import loopback_registry
 
     image_id = _image_id(local)
+    name = image_id.removeprefix("sha256:")[:24]
     with _locked():
         found = _read(image_id)
         if found is not None:
             return found
         _prune()
         with loopback_registry(CACHE, port=PORT) as host:
-            remote = f"{host}/seed/{image_id.removeprefix('sha256:')[:24]}:image"
+            remote = f"{host}/seed/{name}:image"
             subprocess.run(["docker", "tag", local, remote], check=True, capture_output=True)
             try:
                 subprocess.run(["docker", "push", "--quiet", remote], check=True, capture_output=True, text=True)
             finally:
                 subprocess.run(["docker", "rmi", remote], check=False, capture_output=True)
-        repo = CACHE / "storage" / V2 / "repositories" / "seed" / image_id.removeprefix("sha256:")[:24]
+        repo = STORAGE / V2 / "repositories" / "seed" / name
         manifest = (repo / "_manifests" / "tags" / "image" / "current" / "link").read_text().strip()
-        body = json.loads(_blob(CACHE / "storage", manifest).read_bytes())
+        body = json.loads(_blob(STORAGE, manifest).read_bytes())
         blobs = (body["config"]["digest"], *(layer["digest"] for layer in body["layers"]))
         entry = _entry(image_id)
         entry.parent.mkdir(parents=True, exist_ok=True)
@@ -109,12 +112,12 @@ def _prune() -> None:
     for entry in (CACHE / "images").glob("*.json") if (CACHE / "images").is_dir() else ():
         if f"sha256:{entry.stem}" not in present:
             entry.unlink()
-            shutil.rmtree(CACHE / "storage" / V2 / "repositories" / "seed" / entry.stem[:24], ignore_errors=True)
+            shutil.rmtree(STORAGE / V2 / "repositories" / "seed" / entry.stem[:24], ignore_errors=True)
             continue
         with contextlib.suppress(OSError, ValueError, KeyError):
             doc = json.loads(entry.read_text())
             kept.update([doc["manifest"], *doc["blobs"]])
-    blobs = CACHE / "storage" / V2 / "blobs" / "sha256"
+    blobs = STORAGE / V2 / "blobs" / "sha256"
     for folder in blobs.glob("*/*") if blobs.is_dir() else ():
         if f"sha256:{folder.name}" not in kept:
             shutil.rmtree(folder, ignore_errors=True)
@@ -137,9 +140,9 @@ def put(local: str, storage: Path, repository: str, tag: str) -> str:
             continue
         target.parent.mkdir(parents=True, exist_ok=True)
         try:
-            os.link(_blob(CACHE / "storage", digest), target)
+            os.link(_blob(STORAGE, digest), target)
         except OSError:  # another file system: a copy
-            shutil.copyfile(_blob(CACHE / "storage", digest), target)
+            shutil.copyfile(_blob(STORAGE, digest), target)
     repo = storage / V2 / "repositories" / repository
     for digest in found.blobs:
         _write(repo / "_layers" / "sha256" / digest.removeprefix("sha256:") / "link", digest)
@@ -150,4 +153,4 @@ def put(local: str, storage: Path, repository: str, tag: str) -> str:
     return found.manifest
 
 
-__all__ = ["CACHE", "Seeded", "put", "seeded"]
+__all__ = ["CACHE", "STORAGE", "Seeded", "put", "seeded"]

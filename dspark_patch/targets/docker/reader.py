@@ -248,6 +248,11 @@ def _until(stop: threading.Event, chunks: Iterator[bytes]) -> Iterator[bytes]:
         yield chunk
 
 
+def save_layer_where(digest: str) -> str:
+    """How a layer of the engine's save is named in its scan (and so in what a check says of it)."""
+    return f"layer {digest} of the engine's save"
+
+
 def views_from_save(stream: BinaryIO, image_ids: Sequence[str], distribution: str,
                     keep_paths: Iterable[str] = (), *, cache: ScanCache | None = None,
                     ) -> dict[str, LayerView | DsparkPatchError]:
@@ -289,7 +294,7 @@ def views_from_save(stream: BinaryIO, image_ids: Sequence[str], distribution: st
                 data.unhashed()  # the tar is the member: its digest is the layer's, hashed once (plain)
             else:
                 continue  # configs, OCI index and manifests (JSON)
-            where = f"layer {_digest_of(member.name)} of the engine's save"
+            where = save_layer_where(_digest_of(member.name))
             plain = _Hashing(source)
             try:
                 buffered = io.BufferedReader(plain, 1 << 20)  # held: closing it would close `plain`

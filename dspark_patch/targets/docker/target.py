@@ -52,7 +52,7 @@ from ..layers.scan import scan_layer
 from . import emulation, result_image, tree_hashes
 from .client import DockerEngine, ImageInfo
 from .container import NEW_FILE, ExecutableMissing, FileMeta, RunningCall, WorkContainer
-from .reader import ImageReader, save_views
+from .reader import ImageReader, save_layer_where, save_views
 
 if TYPE_CHECKING:
     from ...patching.plan import PatchPlan
@@ -293,8 +293,7 @@ class ImageTarget:
             return
         digest = "sha256:" + hashlib.sha256(self._layer).hexdigest()
         try:
-            scan = scan_layer(io.BytesIO(self._layer), where=f"layer {digest} of the engine's save",
-                              keep=status_keep(distribution, keep))
+            scan = scan_layer(io.BytesIO(self._layer), where=save_layer_where(digest), keep=status_keep(distribution, keep))
         except DsparkPatchError:
             return
         cache.put(digest, scan)
