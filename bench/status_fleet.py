@@ -9,7 +9,10 @@ routes that use it (auto, layers), with a warm one (issue 19 item 4).
 
 With `--big`: also the fixture against `big` (the fixture on a ~3 GB, ~103,000-file lower
 layer, `scripts/build-images --big`, built once), on the default route and `--via layers`, cold
-and warm (aim: big / small at most 1.15x; issue 19 item 5).
+and warm (aim: big / small at most 1.15x; issue 19 item 5), and beside them the engine's own
+`docker save` of each image into a pipe: what `--via layers` must read when a layer of the image
+is not in the scan cache yet (dockerd has no call that exports one layer), so its cold figure is
+that floor, once per layer; the warm figures say whether anything else grows with the image.
 
 Run: .venv/bin/python bench/status_fleet.py [ROUNDS] [--big]   (needs the engine and fixture images)
 Not a test: timings vary with the machine; read the figures side by side.
@@ -79,6 +82,18 @@ def warm(refs: list[str], via: str, work: Path) -> float:
     return timed_status(refs, via, cache)
 
 
+def engine_save(ref: str) -> float:
+    """`docker save REF` into a pipe that only counts the bytes: the engine's own export."""
+    start = time.perf_counter()
+    with subprocess.Popen(["docker", "save", ref], stdout=subprocess.PIPE) as save:
+        assert save.stdout is not None
+        while save.stdout.read(1 << 20):
+            pass
+    if save.returncode != 0:
+        sys.exit(f"docker save {ref} failed (exit {save.returncode})")
+    return time.perf_counter() - start
+
+
 def main() -> None:
     args = [a for a in sys.argv[1:] if a != "--big"]
     rounds = int(args[0]) if args else 2
@@ -106,6 +121,8 @@ def main() -> None:
                         for name, ref in (("small", fixture), ("big", big)):
                             sizes.setdefault((via, "cold", name), []).append(cold([ref], via, work))
                             sizes.setdefault((via, "warm", name), []).append(warm([ref], via, work))
+                    for name, ref in (("small", fixture), ("big", big)):
+                        sizes.setdefault(("save", "engine", name), []).append(engine_save(ref))
         finally:
             subprocess.run(["docker", "rmi", "-f", *fleet[1:]], capture_output=True, check=False)
     n = len(fleet)
@@ -122,6 +139,10 @@ def main() -> None:
             small, large = min(sizes[via, state, "small"]), min(sizes[via, state, "big"])
             print(f"--via {via:<9} {state} cache  fixture: {small:7.2f}s   big (+3 GB, +103k files): {large:7.2f}s   "
                   f"big / small: {large / small:5.2f}x  (aim: at most 1.15x)")
+    if sizes:
+        small, large = min(sizes["save", "engine", "small"]), min(sizes["save", "engine", "big"])
+        print(f"docker save (engine)   fixture: {small:7.2f}s   big (+3 GB, +103k files): {large:7.2f}s   "
+              f"big / small: {large / small:5.2f}x  (the floor of a cold --via layers: every layer, once)")
 
 
 if __name__ == "__main__":

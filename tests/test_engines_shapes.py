@@ -378,6 +378,9 @@ def test_fixture_applies_verifies_and_pushes_on_another_engine(fixture_on_other_
     commit's config: the result must still be the source's config plus exactly our layer."""
     other, ref = fixture_on_other_engine
     address, config = login_registry
+    # As in a team's registry, the repository already holds the source: the engine, which pulled
+    # it, pushes only the patched layer.
+    put_image(ref, f"{address}/dspark-patch/{other.name}:source")
     tag = f"{address}/dspark-patch/{other.name}:{uuid.uuid4().hex[:8]}"
     audit = _apply_and_verify(ref, tmp_path, other.docker_host, tag=tag, push=True,
                               env={"DOCKER_CONFIG": str(config)})

@@ -37,6 +37,7 @@ from dspark_patch.registry.index import (
     compose_index,
     digest_of,
     parse_index,
+    request_timeout,
 )
 from dspark_patch.registry.platform_select import Platform
 from tests.support.cli import run
@@ -358,7 +359,27 @@ def test_a_registry_that_never_answers_a_manifest_request_is_exit_3_after_one_tr
 
 
 def test_the_cli_reports_a_hanging_registry_as_one_line_exit_3(hostile, tmp_path):
-    host, _ = hostile
-    res = run("verify", "--image", f"{host}/bad/app:hang", "--platform", "all", "--report-dir", str(tmp_path / "r"))
+    host, seen = hostile
+    before = len([r for r in seen if r.endswith("/manifests/hang")])
+    # DSPARK_PATCH_REGISTRY_TIMEOUT bounds each request (by default 10 s each).
+    res = run("verify", "--image", f"{host}/bad/app:hang", "--platform", "all", "--report-dir", str(tmp_path / "r"),
+              env={"DSPARK_PATCH_REGISTRY_TIMEOUT": "1.5"})
     line = res.assert_clean_error(3)
-    assert host in line
+    assert host in line and "ReadTimeout" in line
+    assert len([r for r in seen if r.endswith("/manifests/hang")]) == before + 1
+
+
+def test_the_registry_timeout_is_10_s_unless_the_environment_says(monkeypatch):
+    monkeypatch.delenv("DSPARK_PATCH_REGISTRY_TIMEOUT", raising=False)
+    assert request_timeout() == 10
+    monkeypatch.setenv("DSPARK_PATCH_REGISTRY_TIMEOUT", " 2.5 ")
+    assert request_timeout() == 2.5
+
+
+@pytest.mark.parametrize("value", ["soon", "0", "-3", "nan", "7200"])
+def test_a_registry_timeout_that_is_not_seconds_is_one_line_exit_2(hostile, tmp_path, value):
+    host, _ = hostile
+    res = run("verify", "--image", f"{host}/bad/app:hang", "--platform", "all", "--report-dir", str(tmp_path / "r"),
+              env={"DSPARK_PATCH_REGISTRY_TIMEOUT": value})
+    line = res.assert_clean_error(2)
+    assert f"DSPARK_PATCH_REGISTRY_TIMEOUT={value!r}" in line and "seconds" in line

@@ -59,6 +59,25 @@ BLOB_LIMIT = 64 << 20
 # The longest one answer may take in all: a registry that drips bytes under the read timeout
 # must not hold a run for hours.
 ANSWER_DEADLINE_S = 120.0
+# How long one request may wait to connect and for each read, in seconds (pip's --timeout, for
+# registries): a CI job on a slow link raises it, a check that must fail fast lowers it.
+TIMEOUT_ENV = "DSPARK_PATCH_REGISTRY_TIMEOUT"
+DEFAULT_TIMEOUT_S = 10.0
+
+
+def request_timeout() -> float:
+    """$DSPARK_PATCH_REGISTRY_TIMEOUT (seconds, above 0, at most an hour), else 10."""
+    raw = os.environ.get(TIMEOUT_ENV, "").strip()
+    if not raw:
+        return DEFAULT_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value <= 3600:  # also NaN
+        raise BadInput(f"{TIMEOUT_ENV}={raw!r} is not a number of seconds between 0 and 3600",
+                       hint=f"set it to the seconds a registry request may wait (default {DEFAULT_TIMEOUT_S:g}), or unset it")
+    return value
 
 
 class RegistryUnreachable(EnvironmentProblem):
@@ -219,13 +238,15 @@ class Registry:
 
     Loopback registries are spoken to over plain HTTP, as the Docker engine does for
     127.0.0.0/8 without being told; any other host needs TLS unless `insecure` says otherwise.
-    Every request has a timeout (`timeout_s`, connect and each read) and an answer is read for
+    Every request has a timeout (`timeout_s`, connect and each read; by default
+    `request_timeout()`) and an answer is read for
     at most `ANSWER_DEADLINE_S`; a manifest body is read up to `MANIFEST_LIMIT` bytes and one
     byte more is a `BadManifest` (exit 2), as is a body that is not a manifest.
     """
 
-    def __init__(self, host: str, *, insecure: bool | None = None, timeout_s: float = 10) -> None:
+    def __init__(self, host: str, *, insecure: bool | None = None, timeout_s: float | None = None) -> None:
         self.host = host
+        timeout_s = request_timeout() if timeout_s is None else timeout_s
         if insecure is None:
             insecure = host.split(":")[0] in ("localhost", "127.0.0.1", "[::1]") or host.startswith(
                 "127."

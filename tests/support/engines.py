@@ -4,9 +4,10 @@
 - `remote-docker`: a second dockerd with its own data-root on a loopback TCP port
   (scripts/ensure-remote-docker); it shares no filesystem, /proc or process ids the tool may use.
 
-Both are started (and installed) by the project's scripts; images get into them with
-scripts/load-image (docker save | load, skipped when the id is already there). A failure to
-start an engine fails the tests that need it: they are never skipped.
+Both are started (and installed) by the project's scripts; images get into them by a pull from
+the seed registry (tests/support/seed.py: `pull_into`, skipped when the id is already there),
+so that a push from them sends only the layers a registry lacks. A failure to start an engine
+fails the tests that need it: they are never skipped.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from tests.support import images
+from tests.support import images, seed
 from tests.support.images import ROOT
 
 SCRIPTS = {"podman": "ensure-podman", "remote-docker": "ensure-remote-docker"}
@@ -34,8 +35,9 @@ class Engine:
         return {"DOCKER_HOST": self.docker_host}
 
     def load(self, ref: str) -> str:
-        """Copy local image `ref` into this engine (once per image id); returns `ref`."""
-        _script("load-image", self.docker_host, ref)
+        """Local image `ref` into this engine, pulled from the seed registry (once per image id);
+        returns `ref`."""
+        seed.pull_into(self.docker_host, ref)
         return ref
 
     def docker(self, *args: str) -> subprocess.CompletedProcess[str]:

@@ -9,7 +9,9 @@ the same blobs into that registry's storage and writes the repository's links an
 files distribution itself writes for a push. What the registry then serves is byte for byte what
 the engine pushed: the same manifest, the same gzip layers, the same digests.
 
-A registry that is not a loopback one of this session gets a real `docker push`.
+A registry that is not a loopback one of this session gets a real `docker push`. The other
+engines of the tests (Podman, a second dockerd) get an image by pulling it from the seed registry
+(`pull_into`), so that they too push only the layers a registry lacks.
 """
 
 from __future__ import annotations
@@ -104,6 +106,34 @@ def seeded(local: str) -> Seeded:
         return Seeded(manifest, blobs)
 
 
+def pull_into(docker_host: str, local: str) -> None:
+    """Make the engine at `docker_host` hold `local` (same image id, same name), pulled from the
+    seed registry as a node gets its images: that engine then knows the digest each layer has in
+    a registry, and pushing an image built on it to a repository that holds the source sends only
+    the new layers (an image `docker load`ed knows none: its every push compresses and sends ~2 GB
+    again). Nothing is done when that engine already has the id under that name."""
+    from tests.support.registry import loopback_registry
+
+    def there(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["docker", "--host", docker_host, *args], check=check, capture_output=True, text=True)
+
+    image_id = _image_id(local)
+    if there("image", "inspect", "-f", "{{.Id}}", local, check=False).stdout.strip() == image_id:
+        return
+    seeded(local)
+    name = image_id.removeprefix("sha256:")[:24]
+    with _locked(), loopback_registry(CACHE, port=PORT) as host:
+        remote = f"{host}/seed/{name}:image"
+        there("pull", "--quiet", remote)
+        try:
+            there("tag", remote, local)
+        finally:
+            there("rmi", remote, check=False)  # the name only: the image stays under `local`
+    got = there("image", "inspect", "-f", "{{.Id}}", local).stdout.strip()
+    if got != image_id:
+        raise RuntimeError(f"{local} has id {got} on {docker_host} after the pull, expected {image_id}")
+
+
 def _prune() -> None:
     """Forget the seeded images the engine no longer has, and the blobs only they used."""
     present = set(subprocess.run(["docker", "images", "-q", "--no-trunc"], check=True,
@@ -153,4 +183,4 @@ def put(local: str, storage: Path, repository: str, tag: str) -> str:
     return found.manifest
 
 
-__all__ = ["CACHE", "STORAGE", "Seeded", "put", "seeded"]
+__all__ = ["CACHE", "STORAGE", "Seeded", "pull_into", "put", "seeded"]
