@@ -58,7 +58,26 @@ def python_sources(version: str) -> Path:
 
 
 def installed_tree(version: str) -> Path:
-    """A real `pip install --no-deps --target` of the wheel, made once (read-only by convention)."""
+    """A real `pip install --no-deps --target` of the wheel, made once (read-only by convention).
+
+    With DSPARK_PATCH_TEST_TREES (scripts/test sets it for the fast tier where there is a RAM
+    file system with room), a copy of it there, made once: tests hard-link copy the tree into
+    their temporary folders, which then live on that same file system."""
+    tree = _disk_tree(version)
+    elsewhere = os.environ.get("DSPARK_PATCH_TEST_TREES")
+    if not elsewhere:
+        return tree
+    dest = Path(elsewhere) / f"vllm-{version}"
+    with _locked(f"tree-copy-{version}"):
+        if not (dest / ".complete").exists():
+            shutil.rmtree(dest, ignore_errors=True)
+            dest.mkdir(parents=True)
+            subprocess.run(["cp", "-a", str(tree), str(dest / "site-packages")], check=True)
+            (dest / ".complete").touch()
+    return dest / "site-packages"
+
+
+def _disk_tree(version: str) -> Path:
     dest = CACHE / "trees" / f"vllm-{version}"
     with _locked(f"tree-{version}"):
         if not (dest / ".complete").exists():
