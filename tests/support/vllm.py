@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -43,18 +44,27 @@ platform_wheel = _wheels.platform_wheel
 RELEASES = ("0.33.0", "0.32.0", "0.31.0")
 
 
-def python_sources(version: str) -> Path:
-    """Only the wheel's .py files, unpacked once (for diffing releases)."""
-    dest = CACHE / "sources" / version
-    with _locked(f"sources-{version}"):
+def _made_once(dest: Path, lock: str, make: Callable[[Path], None]) -> Path:
+    """`dest`, made by `make(dest)` once (under `lock`, across processes); a folder whose
+    `.complete` marker is missing is a half-made one: removed and made again."""
+    with _locked(lock):
         if not (dest / ".complete").exists():
             shutil.rmtree(dest, ignore_errors=True)
-            with zipfile.ZipFile(wheel(version)) as zf:
-                for info in zf.infolist():
-                    if info.filename.endswith(".py"):
-                        zf.extract(info, dest)
+            dest.mkdir(parents=True)
+            make(dest)
             (dest / ".complete").touch()
     return dest
+
+
+def python_sources(version: str) -> Path:
+    """Only the wheel's .py files, unpacked once (for diffing releases)."""
+    def unpack(dest: Path) -> None:
+        with zipfile.ZipFile(wheel(version)) as zf:
+            for info in zf.infolist():
+                if info.filename.endswith(".py"):
+                    zf.extract(info, dest)
+
+    return _made_once(CACHE / "sources" / version, f"sources-{version}", unpack)
 
 
 def installed_tree(version: str) -> Path:
@@ -63,33 +73,26 @@ def installed_tree(version: str) -> Path:
     With DSPARK_PATCH_TEST_TREES (scripts/test sets it for the fast tier where there is a RAM
     file system with room), a copy of it there, made once: tests hard-link copy the tree into
     their temporary folders, which then live on that same file system."""
-    tree = _disk_tree(version)
     elsewhere = os.environ.get("DSPARK_PATCH_TEST_TREES")
     if not elsewhere:
-        return tree
-    dest = Path(elsewhere) / f"vllm-{version}"
-    with _locked(f"tree-copy-{version}"):
-        if not (dest / ".complete").exists():
-            shutil.rmtree(dest, ignore_errors=True)
-            dest.mkdir(parents=True)
-            subprocess.run(["cp", "-a", str(tree), str(dest / "site-packages")], check=True)
-            (dest / ".complete").touch()
-    return dest / "site-packages"
+        return _disk_tree(version)
+
+    def copy(dest: Path) -> None:
+        subprocess.run(["cp", "-a", str(_disk_tree(version)), str(dest / "site-packages")], check=True)
+
+    return _made_once(Path(elsewhere) / f"vllm-{version}", f"tree-copy-{version}", copy) / "site-packages"
 
 
 def _disk_tree(version: str) -> Path:
-    dest = CACHE / "trees" / f"vllm-{version}"
-    with _locked(f"tree-{version}"):
-        if not (dest / ".complete").exists():
-            shutil.rmtree(dest, ignore_errors=True)
-            subprocess.run(
-                [sys.executable, "-m", "pip", "install", "--no-deps", "--quiet",
-                 "--disable-pip-version-check", "--target", str(dest / "site-packages"),
-                 str(wheel(version))],
-                check=True,
-            )
-            (dest / ".complete").touch()
-    return dest / "site-packages"
+    def install(dest: Path) -> None:
+        subprocess.run(
+            [sys.executable, "-m", "pip", "install", "--no-deps", "--quiet",
+             "--disable-pip-version-check", "--target", str(dest / "site-packages"),
+             str(wheel(version))],
+            check=True,
+        )
+
+    return _made_once(CACHE / "trees" / f"vllm-{version}", f"tree-{version}", install) / "site-packages"
 
 
 def tree_copy(version: str, where: Path) -> Path:
