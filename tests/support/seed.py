@@ -12,13 +12,6 @@ the engine pushed: the same manifest, the same gzip layers, the same digests.
 A registry that is not a loopback one of this session gets a real `docker push`. The other
 engines of the tests (Podman, a second dockerd) get an image by pulling it from the seed registry
 (`pull_into`), so that they too push only the layers a registry lacks.
-
-scripts/test seeds the fixtures during its set-up, as soon as each is built: `scripts/build-images |
-python -m tests.support.seed vllm-fixture --into podman` reads the builder's `NAME REF` lines,
-pushes the named ones into the seed registry beside the builds still running and then pulls them
-into the other engines named (tests/support/engines.py). On a fresh machine the first push of the
-2 GB fixture is a minute or two of the engine's gzip, and each pull most of a minute: no longer on
-the engine tier's clock.
 """
 
 from __future__ import annotations
@@ -29,9 +22,7 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -192,45 +183,4 @@ def put(local: str, storage: Path, repository: str, tag: str) -> str:
     return found.manifest
 
 
-def seed_as_built(lines: Iterator[str], names: set[str], into: tuple[str, ...] = ()) -> int:
-    """Seed each image whose `NAME REF` line names one of `names`, as soon as the line arrives,
-    beside the lines still to come, then pull it into each engine of `into` (tests/support/
-    engines.py names); returns how many failed (each said on stderr)."""
-    from tests.support.engines import engine
-
-    failed: list[str] = []
-
-    def one(name: str, ref: str) -> None:
-        try:
-            seeded(ref)
-            for other in into:
-                engine(other).load(ref)
-        except (OSError, subprocess.CalledProcessError, RuntimeError, ValueError) as e:
-            failed.append(name)
-            where = " and ".join(("the seed registry", *into))
-            print(f"seed: could not put {name} ({ref}) into {where}: {e}", file=sys.stderr)
-
-    threads, seen = [], set()
-    for line in lines:
-        name, _, ref = line.strip().partition(" ")
-        if name in names and ref:
-            seen.add(name)
-            threads.append(threading.Thread(target=one, args=(name, ref)))
-            threads[-1].start()
-    for thread in threads:
-        thread.join()
-    # A name the builder never printed (renamed, or the builder failed first) is said, not skipped.
-    for name in sorted(names - seen):
-        failed.append(name)
-        print(f"seed: the image builder printed no {name} line: nothing to put into the seed registry",
-              file=sys.stderr)
-    return len(failed)
-
-
-if __name__ == "__main__":
-    _names = {a for a in sys.argv[1:] if not a.startswith("--into=")}
-    _into = tuple(a.removeprefix("--into=") for a in sys.argv[1:] if a.startswith("--into="))
-    sys.exit(1 if seed_as_built(iter(sys.stdin.readline, ""), _names, _into) else 0)
-
-
-__all__ = ["CACHE", "STORAGE", "Seeded", "pull_into", "put", "seed_as_built", "seeded"]
+__all__ = ["CACHE", "STORAGE", "Seeded", "pull_into", "put", "seeded"]
