@@ -12,6 +12,14 @@ the engine pushed: the same manifest, the same gzip layers, the same digests.
 A registry that is not a loopback one of this session gets a real `docker push`. The other
 engines of the tests (Podman, a second dockerd) get an image by pulling it from the seed registry
 (`pull_into`), so that they too push only the layers a registry lacks.
+
+Every seeded image is a tag of one repository (`seed/images`, tagged by image ID). The engine
+remembers, per layer, the repositories it pushed it to, and before uploading a layer it tries to
+mount it from at most four of them, newest first, dropping each that fails. With a repository
+per image, the repositories of images since removed (a test's fleet, pruned at the next seeding)
+were those four: every mount failed and the engine compressed and sent the fixture's gigabytes
+again, about 100 s of its CPU, once per run. With one repository the engine finds each layer
+already there and sends only the new ones.
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ V2 = Path("docker") / "registry" / "v2"
 # fixture) is pushed as its new layers only, the rest mounted from the seeded repository.
 # Below the kernel's range of ephemeral ports, where the other registries' ports come from.
 PORT = 24917
+REPOSITORY = "seed/images"  # every seeded image, tagged by (the start of) its ID
 
 
 @dataclass(frozen=True)
@@ -73,9 +82,22 @@ def _read(image_id: str) -> Seeded | None:
     except (OSError, ValueError):
         return None
     seeded = Seeded(doc["manifest"], tuple(doc["blobs"]))
-    if all(_blob(STORAGE, d).is_file() for d in (seeded.manifest, *seeded.blobs)):
-        return seeded
-    return None
+    if not all(_blob(STORAGE, d).is_file() for d in (seeded.manifest, *seeded.blobs)):
+        return None
+    # An entry of the layout before one repository (a repository per image): its blobs are
+    # there, so only the tag is written, as a push would (the engine's pull finds it).
+    tag = _tag(image_id)
+    if not (_repo(STORAGE) / "_manifests" / "tags" / tag / "current" / "link").is_file():
+        _link(STORAGE, REPOSITORY, tag, seeded)
+    return seeded
+
+
+def _tag(image_id: str) -> str:
+    return image_id.removeprefix("sha256:")[:24]
+
+
+def _repo(storage: Path) -> Path:
+    return storage / V2 / "repositories" / REPOSITORY
 
 
 def seeded(local: str) -> Seeded:
@@ -83,21 +105,20 @@ def seeded(local: str) -> Seeded:
     from tests.support.registry import loopback_registry
 
     image_id = _image_id(local)
-    name = image_id.removeprefix("sha256:")[:24]
+    tag = _tag(image_id)
     with _locked():
         found = _read(image_id)
         if found is not None:
             return found
         _prune()
         with loopback_registry(CACHE, port=PORT) as host:
-            remote = f"{host}/seed/{name}:image"
+            remote = f"{host}/{REPOSITORY}:{tag}"
             subprocess.run(["docker", "tag", local, remote], check=True, capture_output=True)
             try:
                 subprocess.run(["docker", "push", "--quiet", remote], check=True, capture_output=True, text=True)
             finally:
                 subprocess.run(["docker", "rmi", remote], check=False, capture_output=True)
-        repo = STORAGE / V2 / "repositories" / "seed" / name
-        manifest = (repo / "_manifests" / "tags" / "image" / "current" / "link").read_text().strip()
+        manifest = (_repo(STORAGE) / "_manifests" / "tags" / tag / "current" / "link").read_text().strip()
         body = json.loads(_blob(STORAGE, manifest).read_bytes())
         blobs = (body["config"]["digest"], *(layer["digest"] for layer in body["layers"]))
         entry = _entry(image_id)
@@ -121,9 +142,8 @@ def pull_into(docker_host: str, local: str) -> None:
     if there("image", "inspect", "-f", "{{.Id}}", local, check=False).stdout.strip() == image_id:
         return
     seeded(local)
-    name = image_id.removeprefix("sha256:")[:24]
     with _locked(), loopback_registry(CACHE, port=PORT) as host:
-        remote = f"{host}/seed/{name}:image"
+        remote = f"{host}/{REPOSITORY}:{_tag(image_id)}"
         there("pull", "--quiet", remote)
         try:
             there("tag", remote, local)
@@ -135,22 +155,30 @@ def pull_into(docker_host: str, local: str) -> None:
 
 
 def _prune() -> None:
-    """Forget the seeded images the engine no longer has, and the blobs only they used."""
+    """Forget the seeded images the engine no longer has (their tags), and the blobs only they
+    used (with the repository's links to them: a push then finds them missing and sends them)."""
     present = set(subprocess.run(["docker", "images", "-q", "--no-trunc"], check=True,
                                  capture_output=True, text=True).stdout.split())
+    repo = _repo(STORAGE)
     kept: set[str] = set()
     for entry in (CACHE / "images").glob("*.json") if (CACHE / "images").is_dir() else ():
         if f"sha256:{entry.stem}" not in present:
             entry.unlink()
-            shutil.rmtree(STORAGE / V2 / "repositories" / "seed" / entry.stem[:24], ignore_errors=True)
+            shutil.rmtree(repo / "_manifests" / "tags" / _tag(entry.stem), ignore_errors=True)
             continue
         with contextlib.suppress(OSError, ValueError, KeyError):
             doc = json.loads(entry.read_text())
             kept.update([doc["manifest"], *doc["blobs"]])
+    # The layout before one repository: a repository per image, all under seed/.
+    for old in (STORAGE / V2 / "repositories" / "seed").glob("*"):
+        if old != repo:
+            shutil.rmtree(old, ignore_errors=True)
     blobs = STORAGE / V2 / "blobs" / "sha256"
     for folder in blobs.glob("*/*") if blobs.is_dir() else ():
         if f"sha256:{folder.name}" not in kept:
             shutil.rmtree(folder, ignore_errors=True)
+            for links in ("_layers", "_manifests/revisions"):
+                shutil.rmtree(repo / links / "sha256" / folder.name, ignore_errors=True)
 
 
 def _write(path: Path, text: str) -> None:
@@ -173,6 +201,12 @@ def put(local: str, storage: Path, repository: str, tag: str) -> str:
             os.link(_blob(STORAGE, digest), target)
         except OSError:  # another file system: a copy
             shutil.copyfile(_blob(STORAGE, digest), target)
+    _link(storage, repository, tag, found)
+    return found.manifest
+
+
+def _link(storage: Path, repository: str, tag: str, found: Seeded) -> None:
+    """The repository's links to blobs already in `storage`, and the tag: what a push writes."""
     repo = storage / V2 / "repositories" / repository
     for digest in found.blobs:
         _write(repo / "_layers" / "sha256" / digest.removeprefix("sha256:") / "link", digest)
@@ -180,7 +214,6 @@ def put(local: str, storage: Path, repository: str, tag: str) -> str:
     _write(repo / "_manifests" / "revisions" / "sha256" / hex_ / "link", found.manifest)
     _write(repo / "_manifests" / "tags" / tag / "index" / "sha256" / hex_ / "link", found.manifest)
     _write(repo / "_manifests" / "tags" / tag / "current" / "link", found.manifest)
-    return found.manifest
 
 
 __all__ = ["CACHE", "STORAGE", "Seeded", "pull_into", "put", "seeded"]
