@@ -18,7 +18,9 @@ from tests.support.index import publish_index, remove_images_from
 from tests.support.keys import keyid, make_key
 from tests.support.registry import docker_login, loopback_registry
 
-pytestmark = pytest.mark.engine
+# A registry of its own, and the arm64 image's probe runs under qemu: with the tests that
+# switch qemu's handler off (scripts/test runs these tiers beside the engine tier).
+pytestmark = [pytest.mark.engine, pytest.mark.registry, pytest.mark.emulation]
 
 USER, PASSWORD = "dspark", "s3cret-" + uuid.uuid4().hex[:8]
 

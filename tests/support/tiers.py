@@ -35,6 +35,7 @@ TIER_TABLE_ENV = "DSPARK_PATCH_TIER_TABLE"
 # no engine, so it runs while the engine's images are built and its tiers run): the table waits
 # for its rows.
 TIER_BESIDE_ENV = "DSPARK_PATCH_TIER_BESIDE_PID"
+SESSION_ENV = "DSPARK_PATCH_SESSION"  # the name of a session run beside the others, for its wall row
 RUN_START_ENV = "DSPARK_PATCH_RUN_START"  # scripts/test's start, seconds since the epoch
 
 _seconds: dict[str, float] = defaultdict(float)
@@ -111,8 +112,11 @@ def _earlier_rows() -> list[str]:
         except OSError:
             return []
 
+    # Each session beside this one ends its rows with a `#wall` line: wait for them all (or for
+    # those still running to end; a killed one leaves no rows).
+    pids = [int(p) for p in beside.replace(",", " ").split() if p.isdigit()]
     found = rows()
-    while beside.isdigit() and not any(r.startswith("#wall ") for r in found) and _alive(int(beside)):
+    while sum(r.startswith("#wall ") for r in found) < len(pids) and any(_alive(p) for p in pids):
         time.sleep(0.5)
         found = rows()
     return found
@@ -127,7 +131,9 @@ def summary(terminalreporter) -> None:
     # The tiers count their tests' own time (summed over workers); pytest's wall time adds
     # collection and start-up.
     wall = time.monotonic() - _started[0] if _started else sum(s for _, s, _ in tiers)
-    label = f"pytest (wall, -n {workers})" if workers else "pytest (wall)"
+    # scripts/test names the sessions that run beside another (DSPARK_PATCH_SESSION).
+    named = [n for n in (os.environ.get(SESSION_ENV), f"-n {workers}" if workers else None) if n]
+    label = f"pytest (wall, {', '.join(named)})" if named else "pytest (wall)"
     session = [f"  tier: {name:<16} {count:>6} {_clock(s):>7}" for name, s, count in tiers]
     session.append(f"  {label:<22} {sum(c for _, _, c in tiers):>6} {_clock(wall):>7}")
     if os.environ.get(TIER_TABLE_ENV) == "later":
@@ -155,7 +161,8 @@ def summary(terminalreporter) -> None:
         lines.append("  (the set-up steps marked * ran beside the images)")
     lines += [line for line in earlier if not line.startswith("#wall ")]
     if os.environ.get(TIER_BESIDE_ENV) and earlier:
-        lines.append("  (the fast tier ran beside the set-up and the tiers below)")
+        lines.append("  (the fast tier ran beside the set-up and the tiers after it; the registry")
+        lines.append("   session beside the engine tier)")
     lines += session
     lines.append(f"  {'total':<22} {'':>6} {_clock(total):>7}")
     # pytest writes to stdout: flush it so the table lands after what it wrote so far.
