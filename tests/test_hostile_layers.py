@@ -41,6 +41,10 @@ from tests.support.fake_registry import fake_registry
 from tests.support.hostile import Dir, File, Link, Opaque, Raw, Whiteout
 from tests.support.probe_trees import SharedTree
 
+# Its engine tests count no container of a shared image: scripts/test runs them in the session
+# beside the engine tier (its tests without an engine stay in the fast tier).
+pytestmark = pytest.mark.beside_engine
+
 PATCH_ID = "dspark-skip-mtp-buffer"
 SITE = "usr/local/lib/python3.11/dist-packages"
 CONFIG = {"Env": ["PATH=/usr/local/bin:/usr/bin:/bin"], "Entrypoint": ["vllm", "serve"]}
