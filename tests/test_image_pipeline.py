@@ -201,14 +201,41 @@ def _image_ids(client) -> set[str]:
     return set(client.api.images(all=True, quiet=True))
 
 
+def _made_from(client, before: set[str], mark: str, source_id: str) -> list[str]:
+    """Images new since `before` that carry the source's label `mark` (a config kept from it):
+    what a run on the source left. (scripts/test runs another session on this engine: its images
+    come and go meanwhile, none with this label.)"""
+    found = []
+    for image_id in _image_ids(client) - before:
+        try:
+            attrs = client.api.inspect_image(image_id)
+        except docker.errors.NotFound:
+            continue
+        if image_id != source_id and ((attrs.get("Config") or {}).get("Labels") or {}).get(DRY_RUN_LABEL) == mark:
+            found.append(image_id)
+    return found
+
+
+DRY_RUN_LABEL = "test.dry-run"
+
+
 def test_dry_run_commits_nothing(client, source, tag, tmp_path):
-    images_before = _image_ids(client)
-    res = run("apply", "--image", source, "--tag", tag, "--dry-run", "--json", "--report-dir", str(tmp_path / "r"))
-    assert res.returncode == 0, res.stderr
-    assert res.json["status"] == "dry-run" and res.json["result_image"] is None
-    assert not image_exists(client, tag)
-    assert _image_ids(client) == images_before
-    assert our_containers(client) == []
+    # The fixture under a label of its own (no new layer), so that what the run would make of it
+    # is told apart from the images of the session beside this one.
+    mark = uuid.uuid4().hex
+    own = f"dspark-patch/test-dry-run:{mark[:10]}"
+    image, _ = client.images.build(fileobj=io.BytesIO(f"FROM {source}\nLABEL {DRY_RUN_LABEL}={mark}\n".encode()),
+                                   tag=own, rm=True, network_mode="none")
+    try:
+        images_before = _image_ids(client)
+        res = run("apply", "--image", own, "--tag", tag, "--dry-run", "--json", "--report-dir", str(tmp_path / "r"))
+        assert res.returncode == 0, res.stderr
+        assert res.json["status"] == "dry-run" and res.json["result_image"] is None
+        assert not image_exists(client, tag)
+        assert _made_from(client, images_before, mark, image.id) == []
+        assert our_containers(client) == []
+    finally:
+        client.images.remove(own, force=True)
 
 
 def test_drifted_file_in_the_image_is_refused_and_nothing_tagged(client, source, tag, tmp_path):
