@@ -22,9 +22,9 @@ import pytest
 from dspark_patch.patchset import resolve
 from dspark_patch.pipeline import LABEL_PREFIX
 from dspark_patch.report.audit_json import load_schema
-from dspark_patch.targets.docker import CONFIG_FIELDS, DockerEngine
-from dspark_patch.targets.docker.naming import Owner
+from dspark_patch.targets.docker import CONFIG_FIELDS
 from tests.support.cli import SCRIPT, run
+from tests.support.containers import our_containers
 from tests.support.images import fixture_image, no_python_image, no_vllm_image
 
 pytestmark = pytest.mark.engine
@@ -55,28 +55,6 @@ def tag(client):
         pass
 
 
-def our_containers(client) -> list[str]:
-    """Containers of ours that this test's runs made or left behind. Other sessions may share
-    the engine: a container whose maker is alive and not one of our processes is theirs."""
-    found = []
-    for _, name in DockerEngine(client).our_containers():
-        owner = Owner.parse(name)
-        assert owner is not None
-        if owner.here and owner.alive() and not _descends_from_us(owner.pid):
-            continue
-        found.append(name)
-    return found
-
-
-def _descends_from_us(pid: int) -> bool:
-    while pid > 1:
-        if pid == os.getpid():
-            return True
-        try:
-            with open(f"/proc/{pid}/stat") as fh:
-                pid = int(fh.read().rsplit(")", 1)[1].split()[1])
-        except OSError:
-            return False
     return False
 
 
@@ -201,6 +179,9 @@ def _image_ids(client) -> set[str]:
     return set(client.api.images(all=True, quiet=True))
 
 
+DRY_RUN_LABEL = "test.dry-run"
+
+
 def _made_from(client, before: set[str], mark: str, source_id: str) -> list[str]:
     """Images new since `before` that carry the source's label `mark` (a config kept from it):
     what a run on the source left. (scripts/test runs another session on this engine: its images
@@ -214,9 +195,6 @@ def _made_from(client, before: set[str], mark: str, source_id: str) -> list[str]
         if image_id != source_id and ((attrs.get("Config") or {}).get("Labels") or {}).get(DRY_RUN_LABEL) == mark:
             found.append(image_id)
     return found
-
-
-DRY_RUN_LABEL = "test.dry-run"
 
 
 def test_dry_run_commits_nothing(client, source, tag, tmp_path):

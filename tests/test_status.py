@@ -206,13 +206,13 @@ def _docker(*args: str) -> str:
 
 
 def _status_containers_left() -> list[str]:
-    """`status` containers whose maker has exited: left behind. (One whose maker still runs is
-    another session's status at work: scripts/test runs the registry tiers beside this one.)"""
-    from dspark_patch.targets.docker.naming import Owner
+    """`status` containers this test's runs left behind (tests/support/containers.py: another
+    session's, at work beside this one, are not counted)."""
+    import docker
 
-    names = _docker("ps", "-a", "--format", "{{.Names}}").split()
-    return [n for n in names if n.startswith("dspark-patch--status--")
-            and not ((owner := Owner.parse(n)) is not None and owner.here and owner.alive())]
+    from tests.support.containers import our_containers
+
+    return [n for n in our_containers(docker.from_env()) if n.startswith("dspark-patch--status--")]
 
 
 @pytest.fixture(scope="module")

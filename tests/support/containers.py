@@ -1,0 +1,37 @@
+"""The tool's containers on the local engine that a test's own runs made or left behind.
+
+Other sessions may share the engine (scripts/test runs the registry tiers beside the engine
+tier): a container whose maker is alive and not one of this test process's descendants is
+theirs, at work. One whose maker has exited, or is ours, counts.
+"""
+
+from __future__ import annotations
+
+import os
+
+from dspark_patch.targets.docker import DockerEngine
+from dspark_patch.targets.docker.naming import Owner
+
+
+def our_containers(client) -> list[str]:
+    """Names of the tool's containers that this test's runs made or left behind."""
+    found = []
+    for _, name in DockerEngine(client).our_containers():
+        owner = Owner.parse(name)
+        assert owner is not None
+        if owner.here and owner.alive() and not _descends_from_us(owner.pid):
+            continue
+        found.append(name)
+    return found
+
+
+def _descends_from_us(pid: int) -> bool:
+    while pid > 1:
+        if pid == os.getpid():
+            return True
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                pid = int(fh.read().rsplit(")", 1)[1].split()[1])
+        except OSError:
+            return False
+    return False
