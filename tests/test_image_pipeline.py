@@ -22,8 +22,8 @@ import pytest
 from dspark_patch.patchset import resolve
 from dspark_patch.pipeline import LABEL_PREFIX
 from dspark_patch.report.audit_json import load_schema
-from dspark_patch.targets.docker import CONFIG_FIELDS
-from tests.support.cli import SCRIPT, run
+from dspark_patch.targets.docker import CONFIG_FIELDS, DockerEngine
+from tests.support.cli import SCRIPT, Result, run
 from tests.support.containers import our_containers
 from tests.support.images import fixture_image, no_python_image, no_vllm_image
 
@@ -263,9 +263,21 @@ def test_existing_tag_is_refused_before_any_work(client, source, tag, tmp_path):
     assert our_containers(client) == []
 
 
+def _on_host(host: str, argv: list[str]) -> list[str]:
+    """`argv` under a host name of its own (a UTS namespace; the same pid, as `exec` keeps it).
+
+    The tool removes a container whose maker is gone only when that maker ran on its own host
+    (the name says which). Under a name of the test's own, a run in the session beside this one
+    (scripts/test runs the registry tiers on the same engine) leaves the killed run's container
+    alone, so the run this test starts next is the one that finds it."""
+    return ["unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', host, *argv]
+
+
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
 def test_a_run_killed_midway_leaves_no_tag_and_its_container_goes(sig, client, source, tag, tmp_path):
-    proc = subprocess.Popen([str(SCRIPT), "apply", "--image", source, "--tag", tag, "--report-dir", str(tmp_path / "r")],
+    host = f"dspark-test-{uuid.uuid4().hex[:12]}"
+    proc = subprocess.Popen(_on_host(host, [str(SCRIPT), "apply", "--image", source, "--tag", tag,
+                                            "--report-dir", str(tmp_path / "r")]),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 120
@@ -278,16 +290,26 @@ def test_a_run_killed_midway_leaves_no_tag_and_its_container_goes(sig, client, s
         if proc.poll() is None:  # the test failed before its signal: do not let the run tag later
             proc.kill()
             proc.wait()
-    assert proc.returncode != 0
-    assert not image_exists(client, tag)
-    if sig == signal.SIGTERM:
-        assert our_containers(client) == []  # cleaned up on the way out
-    else:
-        assert our_containers(client)  # SIGKILL: nothing could clean up ...
-        res = run("apply", "--image", source, "--dry-run", "--json", "--report-dir", str(tmp_path / "next"))
-        assert res.returncode == 0
-        assert our_containers(client) == []  # ... so the next run removed it
-        assert any("left by an earlier" in n for n in res.json["notes"])
+    try:
+        assert proc.returncode != 0
+        assert not image_exists(client, tag)
+        if sig == signal.SIGTERM:
+            assert our_containers(client) == []  # cleaned up on the way out
+        else:
+            left = our_containers(client)
+            assert left and all(f"--{host}--{proc.pid}--" in name for name in left)  # SIGKILL: nothing could clean up ...
+            done = subprocess.run(_on_host(host, [str(SCRIPT), "apply", "--image", source, "--dry-run", "--json",
+                                                  "--report-dir", str(tmp_path / "next")]),
+                                  capture_output=True, text=True, timeout=900)
+            res = Result(done.returncode, done.stdout, done.stderr)
+            assert res.returncode == 0, res.stderr
+            assert our_containers(client) == []  # ... so the next run on its host removed it
+            assert any("left by an earlier" in n for n in res.json["notes"])
+    finally:  # a failed check above must not leave a container that no run on this host removes
+        engine = DockerEngine(client)
+        for container_id, name in engine.our_containers():
+            if f"--{host}--" in name:
+                engine.remove_container(container_id)
 
 
 def _commit_changed(client, ref: str, new_tag: str, *, files=None, labels=None) -> str:
