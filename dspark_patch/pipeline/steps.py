@@ -125,8 +125,9 @@ def compile_files(target: Target, dist: Distribution, plan: PatchPlan, run: RunL
     try:
         rows = json.loads(result.stdout.decode("utf-8"))["files"]
     except (ValueError, KeyError):
+        said = result.stderr.decode("utf-8", "replace").strip()[-300:] or f"exit {result.returncode}, nothing on stderr"
         raise CompileFailed(
-            f"byte-compiling with {dist.python} failed: {result.stderr.decode('utf-8', 'replace').strip()[-300:]}",
+            f"byte-compiling with {dist.python} failed: {said}",
             hint="the pre-images were restored",
         ) from None
     files = tuple(

@@ -158,7 +158,8 @@ def summary(terminalreporter) -> None:
     lines = ["", "time by tier (m:ss)", f"  {'step':<22} {'tests':>6} {'time':>7}"]
     lines += [f"  set-up: {name:<14} {'':>6} {_clock(s):>7}" for name, s in setup]
     if any(name.endswith("*") for name, _ in setup):
-        lines.append("  (the set-up steps marked * ran beside the images)")
+        lines.append("  (the set-up steps marked * ran beside another: ensure-docker beside the venv,")
+        lines.append("   the others beside the images)")
     lines += [line for line in earlier if not line.startswith("#wall ")]
     if os.environ.get(TIER_BESIDE_ENV) and earlier:
         lines.append("  (the fast tier ran beside the set-up and the tiers after it; the registry")

@@ -50,6 +50,8 @@ class ExecutableMissing(Exception):
 class RunningCall:
     """One exec started in the work container, read on a thread until it ends."""
 
+    EXIT_WAIT_S = 15.0  # how long an exec whose output has ended may still show as running
+
     def __init__(self, api: Any, exec_id: str, *, program: str, timeout: float, wrapped: bool) -> None:
         self._api, self._exec_id, self._program = api, exec_id, program
         self._timeout, self._wrapped = timeout, wrapped
@@ -71,9 +73,25 @@ class RunningCall:
         if "error" in self._box:
             raise EnvironmentProblem(f"running {self._program} in the container failed: {reason(self._box['error'])}")
         stdout, stderr = self._box["out"] or (None, None)
-        code = self._api.exec_inspect(self._exec_id)["ExitCode"]
+        code = self._exit_code()
+        if code is None:
+            raise EnvironmentProblem(f"the engine ended the output of {self._program} in the container but never said "
+                                     "how it exited", hint="run again; if it recurs, look at the engine's log")
         timed_out = self._wrapped and code in (124, 137)
         return RunResult(returncode=code, stdout=stdout or b"", stderr=stderr or b"", timed_out=timed_out)
+
+    def _exit_code(self) -> int | None:
+        """The exec's exit code. The engine ends the output stream when the process closes it
+        and records the exit a moment later (its exit event is handled apart), so an exec that
+        still shows as running is asked again, for up to EXIT_WAIT_S."""
+        deadline = time.monotonic() + self.EXIT_WAIT_S
+        while True:
+            info = self._api.exec_inspect(self._exec_id)
+            if not info.get("Running") and info.get("ExitCode") is not None:
+                return int(info["ExitCode"])
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.05)
 
 
 class WorkContainer:
