@@ -29,7 +29,6 @@ from ..errors import (
     ProbeFailed,
     TargetNotFound,
 )
-from ..inside import source as inside_source
 from ..patching.diff import Diff, parse_diff
 from ..patching.plan import FilePlan, PatchPlan
 from ..patchset import PatchSet, Variant, load_dir, resolve
@@ -43,6 +42,7 @@ from ..report.model import CensusEntry, ErrorReport, ProbeReport
 from ..report.port_model import PortFileReport, PortFileStatus, PortReport
 from ..targets.base import Distribution, Target
 from .requests import PortRequest
+from .steps import compiled_rows
 
 
 def port(request: PortRequest) -> PortReport:
@@ -313,12 +313,7 @@ def _applied(target: Target, plan: PatchPlan) -> Iterator[None]:
 def _compile(target: Target, dist: Distribution, paths: list[str]) -> None:
     if not paths:
         return
-    result = target.run_python(inside_source("compile"), [f"{dist.location}/{p}" for p in paths], timeout=300)
-    try:
-        rows = json.loads(result.stdout.decode("utf-8"))["files"]
-    except (ValueError, KeyError):
-        raise CompileFailed(f"byte-compiling with {dist.python} failed: "
-                            f"{result.stderr.decode('utf-8', 'replace').strip()[-300:]}") from None
+    rows = compiled_rows(target, dist, paths)
     bad = [(p, row["detail"]) for p, row in zip(paths, rows, strict=True) if not row["ok"]]
     if bad:
         raise CompileFailed(

@@ -116,20 +116,25 @@ def check_post_images(plan: PatchPlan, variant: Variant, *, enforce: bool) -> No
             )
 
 
+def compiled_rows(target: Target, dist: Distribution, paths: list[str], *, hint: str | None = None) -> list[dict]:
+    """Byte-compile `paths` (relative to the distribution's location) with the target's own
+    python: its row for each path, in order. CompileFailed (with `hint`) when it gives no rows,
+    naming what it said on stderr, or its exit code when it said nothing."""
+    result = target.run_python(inside_source("compile"), [f"{dist.location}/{p}" for p in paths], timeout=300)
+    try:
+        rows: list[dict] = json.loads(result.stdout.decode("utf-8"))["files"]
+    except (ValueError, KeyError):
+        said = result.stderr.decode("utf-8", "replace").strip()[-300:] or f"exit {result.returncode}, nothing on stderr"
+        raise CompileFailed(f"byte-compiling with {dist.python} failed: {said}", hint=hint) from None
+    return rows
+
+
 def compile_files(target: Target, dist: Distribution, plan: PatchPlan, run: RunLog) -> None:
     paths = [fp.path for fp in plan.files if fp.post is not None and fp.path.endswith(".py")]
     if not paths:
         run.update(compile=CompileReport(ok=True, ran=True))
         return
-    result = target.run_python(inside_source("compile"), [f"{dist.location}/{p}" for p in paths], timeout=300)
-    try:
-        rows = json.loads(result.stdout.decode("utf-8"))["files"]
-    except (ValueError, KeyError):
-        said = result.stderr.decode("utf-8", "replace").strip()[-300:] or f"exit {result.returncode}, nothing on stderr"
-        raise CompileFailed(
-            f"byte-compiling with {dist.python} failed: {said}",
-            hint="the pre-images were restored",
-        ) from None
+    rows = compiled_rows(target, dist, paths, hint="the pre-images were restored")
     files = tuple(
         CompiledFile(path=rel, ok=bool(row["ok"]), detail=row["detail"]) for rel, row in zip(paths, rows, strict=True)
     )
