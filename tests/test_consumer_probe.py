@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ from dspark_patch.patching.plan import plan_patch
 from dspark_patch.patchset import load_dir
 from dspark_patch.probe.run import bundle
 from dspark_patch.targets.fs import read_inside, write_plan
-from tests.support import vllm
+from tests.support import probe_forks, vllm
 
 REPO = Path(__file__).resolve().parents[1]
 PROBE = REPO / "patches" / "dspark-skip-mtp-buffer" / "probe.py"
@@ -64,7 +65,14 @@ def apply_patch_set(tree: Path) -> Path:
     return tree
 
 
-def probe(*args: str, python: list[str] | None = None, env: dict | None = None, cwd: Path | None = None):
+def probe(*args: str, python: list[str] | None = None, env: dict | None = None, cwd: Path | None = None,
+          forks: probe_forks.Forks | None = None):
+    """The probe's own script in a fresh interpreter (or `python` CMD); with `forks`, the source
+    the tool runs (the bundle) in a fork of one interpreter that imported torch once."""
+    if forks is not None:
+        assert python is None and cwd is None
+        done = forks.run_python(bundle(PROBE, MODULES), args, env={"CUDA_VISIBLE_DEVICES": "", **(env or {})})
+        return subprocess.CompletedProcess(args, done.returncode, done.stdout.decode(), done.stderr.decode())
     run = subprocess.run(
         [*(python or [sys.executable, "-B", str(PROBE)]), *args],
         capture_output=True, text=True, cwd=cwd,
@@ -91,12 +99,19 @@ def edit(tree: Path, rel: str, old: str, new: str) -> None:
 
 
 @pytest.fixture(scope="module")
+def forks() -> Iterator[probe_forks.Forks]:
+    runs = probe_forks.Forks()
+    yield runs
+    runs.close()
+
+
+@pytest.fixture(scope="module")
 def patched(tmp_path_factory) -> Path:
     return apply_patch_set(vllm.tree_copy("0.33.0", tmp_path_factory.mktemp("probe033") / "site-packages"))
 
 
-def test_probe_passes_on_the_patched_tree(patched):
-    run = probe("--site", str(patched), "--json")
+def test_probe_passes_on_the_patched_tree(patched, forks):
+    run = probe("--site", str(patched), "--json", forks=forks)
     assert run.returncode == 0, run.stdout + run.stderr
     cases = cases_of(run)
     assert list(cases) == CASES
@@ -123,13 +138,13 @@ def test_probe_run_from_its_source_writes_nothing(patched, tmp_path):
 
 
 def test_the_census_walked_apart_gives_the_very_verdict_and_a_walk_it_cannot_use_is_redone(
-        patched, vllm033_tree, tmp_path):
+        patched, vllm033_tree, tmp_path, forks):
     # patch.toml's probe_beside: where the probe starts early, a child walks the tree with
     # --census beside torch's import and the probe takes that walk with --census-from.
     assert load_dir(PATCH_DIR).probe_beside == "--census"
     no_torch = "import sys\nsys.modules['torch'] = None  # any import of torch fails\n" + bundle(PROBE, MODULES)
     for tree, code in ((patched, 0), (vllm033_tree, 1)):
-        whole = probe("--site", str(tree), "--json")
+        whole = probe("--site", str(tree), "--json", forks=forks)
         assert whole.returncode == code, whole.stderr
         walk = probe("--site", str(tree), "--census", python=[sys.executable, "-B", "-c", no_torch])
         assert walk.returncode == 0, walk.stderr  # the walk needs no torch
@@ -137,7 +152,7 @@ def test_the_census_walked_apart_gives_the_very_verdict_and_a_walk_it_cannot_use
         assert doc["site"] == str(tree) and doc["refs"] and set(doc) == {"schema", "site", "refs", "problems", "skipping"}
         good = tmp_path / "walk.json"
         good.write_text(walk.stdout)
-        split = probe("--site", str(tree), "--json", "--census-from", str(good))
+        split = probe("--site", str(tree), "--json", "--census-from", str(good), forks=forks)
         assert (split.returncode, split.stdout) == (whole.returncode, whole.stdout)
         # cut short (a child that died), or of another tree: the probe walks itself, same verdict
         short = tmp_path / "short.json"
@@ -145,14 +160,14 @@ def test_the_census_walked_apart_gives_the_very_verdict_and_a_walk_it_cannot_use
         other = tmp_path / "other.json"
         other.write_text(walk.stdout.replace(json.dumps(str(tree)), json.dumps(str(tmp_path)), 1))
         for unusable in (short, other, tmp_path / "absent.json"):
-            again = probe("--site", str(tree), "--json", "--census-from", str(unusable))
+            again = probe("--site", str(tree), "--json", "--census-from", str(unusable), forks=forks)
             assert (again.returncode, again.stdout) == (whole.returncode, whole.stdout), unusable
     # and the walk is the census: one unguarded reader in it fails the census case
-    walk = json.loads(probe("--site", str(patched), "--census").stdout)
+    walk = json.loads(probe("--site", str(patched), "--census", forks=forks).stdout)
     ref = next(r for r in walk["refs"] if r[0] == MODEL and r[5] == "read")
     ref[6] = False
     good.write_text(json.dumps(walk))
-    forged = cases_of(probe("--site", str(patched), "--json", "--census-from", str(good)))
+    forged = cases_of(probe("--site", str(patched), "--json", "--census-from", str(good), forks=forks))
     assert not forged[P["C_CENSUS"]]["ok"] and f"{MODEL}:{ref[1]}" in forged[P["C_CENSUS"]]["detail"]
 
 
@@ -170,19 +185,19 @@ def test_probe_source_is_standalone_and_small():
         assert imported <= set(sys.stdlib_module_names) | {"torch", "__future__"} | own, path.name
 
 
-def test_probe_fails_on_an_unpatched_tree_but_the_consumer_cases_pass(vllm033_tree):
-    run = probe("--site", str(vllm033_tree))
+def test_probe_fails_on_an_unpatched_tree_but_the_consumer_cases_pass(vllm033_tree, forks):
+    run = probe("--site", str(vllm033_tree), forks=forks)
     assert run.returncode == 1, run.stderr
     cases = cases_of(run)
     assert {n for n, c in cases.items() if not c["ok"]} == FAILS_UNPATCHED
     assert "patch is not applied" in cases[P["C_IMPORTS"]]["detail"]
 
 
-def test_negative_control_fails_when_the_fallback_no_longer_reads_the_residual(vllm033_tree):
+def test_negative_control_fails_when_the_fallback_no_longer_reads_the_residual(vllm033_tree, forks):
     apply_patch_set(vllm033_tree)
     edit(vllm033_tree, DFLASH, "            hidden_states = last_hidden_states[start:num_tokens]\n",
          "            hidden_states = torch.zeros_like(self.hidden_states[start:num_tokens])\n")
-    run = probe("--site", str(vllm033_tree))
+    run = probe("--site", str(vllm033_tree), forks=forks)
     assert run.returncode == 1
     cases = cases_of(run)
     assert [n for n, c in cases.items() if not c["ok"]] == [P["C_NEGATIVE"]]

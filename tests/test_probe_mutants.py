@@ -8,11 +8,9 @@ that imports torch and walks the whole tree.
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
 import pytest
 
-from tests.support import probe_trees
+from tests.support import probe_forks, probe_trees
 
 MODEL = "vllm/models/deepseek_v4/nvidia/model.py"
 RUNNER = "vllm/v1/worker/gpu/model_runner.py"
@@ -120,10 +118,7 @@ def outcomes(tmp_path_factory, patched033: probe_trees.SharedTree) -> dict[str, 
         for rel, old, new in edits:
             probe_trees.edit(tree, rel, old, new)
         trees[name] = tree
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        futures = {name: pool.submit(probe_trees.probe, tree, tree.parent / "report")
-                   for name, tree in trees.items()}
-        return {name: f.result() for name, f in futures.items()}
+    return probe_forks.probe_many(trees)
 
 
 def failing(report: dict) -> dict[str, str]:

@@ -12,13 +12,11 @@ pass through, exit 0.
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
 import pytest
 
 from dspark_patch.probe.run import unguarded_readers
 from dspark_patch.report.audit_json import from_json_dict
-from tests.support import ports, probe_trees
+from tests.support import ports, probe_forks, probe_trees
 
 pytestmark = pytest.mark.slow
 
@@ -183,10 +181,7 @@ def outcomes(tmp_path_factory, patched033: probe_trees.SharedTree) -> dict[str, 
         for rel, old, new in edits:
             probe_trees.edit(tree, rel, old, new)
         trees[name] = tree
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        futures = {name: pool.submit(probe_trees.probe, tree, tree.parent / "report")
-                   for name, tree in trees.items()}
-        return {name: f.result() for name, f in futures.items()}
+    return probe_forks.probe_many(trees)
 
 
 def failing(report: dict) -> dict[str, str]:
