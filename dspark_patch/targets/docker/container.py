@@ -108,6 +108,7 @@ class WorkContainer:
         self._image_id = image_id
         self._keepalive = dict(keepalive)
         self._container: Container | None = None
+        self._name: str | None = None   # set before the create: what to remove if its answer is lost
         self._term = terminate_raises()
         self._has_timeout: bool | None = None
         self._timeout_check: threading.Thread | None = None
@@ -119,7 +120,10 @@ class WorkContainer:
         try:
             self._start()
         except BaseException:
-            self._term.__exit__(None, None, None)
+            try:
+                self._remove_unheld()
+            finally:
+                self._term.__exit__(None, None, None)
             raise
         return self
 
@@ -134,7 +138,8 @@ class WorkContainer:
         # runs it every interval beside the tool's own work (under emulation each run is an
         # interpreter start of seconds on the CPU the probe needs). The result image's config
         # is the source's, never this container's, so it keeps its health check.
-        self._container = self._engine.create_container(self._image_id, name=container_name("target"),
+        self._name = container_name("target")
+        self._container = self._engine.create_container(self._image_id, name=self._name,
                                                         healthcheck={"test": ["NONE"]}, **self._keepalive)
         try:
             self._container.start()
@@ -153,10 +158,21 @@ class WorkContainer:
         self._timeout_check = threading.Thread(target=self._check_timeout, daemon=True)
         self._timeout_check.start()
 
+    def _remove_unheld(self) -> None:
+        """A start that failed with no container held: SIGTERM can land after the engine made
+        it and before its answer was stored (`create_container` removes it by name only while
+        its own call runs), so the name made for it is removed too; gone already is fine."""
+        if self._container is None and self._name is not None:
+            try:
+                self._engine.remove_container(self._name)
+            except Exception:
+                pass  # the error that stopped the start says more
+
     def _remove(self, *, keep_allowed: bool = True) -> None:
         container, self._container = self._container, None
         if container is None:
             return
+        self._name = None  # held: removed (or kept) here, never again by name
         if keep_allowed and keep_requested():
             self.notes.append(f"kept container {container.short_id} ({KEEP_ENV}=1); "
                               f"remove it with `docker rm -f {container.short_id}`")

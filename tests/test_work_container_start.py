@@ -1,0 +1,77 @@
+"""A SIGTERM that lands between the engine's answer to the create and the tool holding it.
+
+`WorkContainer` removes its container on every way out, SIGTERM included (signals.py makes it
+SystemExit). `create_container` removes the container by name when its own call is cut short;
+but the signal can also land just after that call returned, before the container was stored,
+and then nothing held it: a CI run once found the work container of a SIGTERMed run still
+there (test_image_pipeline's killed-run test). The exact instant cannot be hit with a real
+engine on demand (a fault we cannot cause), so a stand-in engine plays the calls, and a trace
+hook raises the SystemExit at the create's return; the real SIGTERM path is tested against the
+real engine in test_image_pipeline.py.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from dspark_patch.targets.docker.container import WorkContainer
+
+
+class Engine:
+    """Makes and removes containers by name, as the engine's API does."""
+
+    def __init__(self) -> None:
+        self.alive: set[str] = set()
+
+    def create_container(self, image_id: str, *, name: str, **options: object) -> object:
+        self.alive.add(name)
+        engine = self
+
+        class Container:
+            id = name
+
+            def start(self) -> None:
+                pass
+
+            def remove(self, **options: object) -> None:
+                engine.remove_container(name)
+
+        return Container()
+
+    def remove_container(self, name_or_id: str) -> None:
+        self.alive.discard(name_or_id)
+
+
+def _terminated_at_the_creates_return(frame, event, arg):  # type: ignore[no-untyped-def]
+    if frame.f_code is Engine.create_container.__code__:
+        def on_return(frame, event, arg):  # type: ignore[no-untyped-def]
+            if event == "return":
+                raise SystemExit(143)
+            return on_return
+        return on_return
+    return None
+
+
+def test_a_sigterm_right_after_the_create_leaves_no_container() -> None:
+    engine = Engine()
+    work = WorkContainer(engine, "sha256:" + "0" * 64, ref="img", python="python3",  # type: ignore[arg-type]
+                         keepalive={"entrypoint": ["python3"], "command": None})
+    sys.settrace(_terminated_at_the_creates_return)
+    try:
+        with pytest.raises(SystemExit):
+            work.__enter__()
+    finally:
+        sys.settrace(None)
+    assert engine.alive == set()
+
+
+def test_a_start_that_ends_normally_keeps_its_container_until_the_exit() -> None:
+    engine = Engine()
+    work = WorkContainer(engine, "sha256:" + "0" * 64, ref="img", python="python3",  # type: ignore[arg-type]
+                         keepalive={"entrypoint": ["python3"], "command": None})
+    work._check_timeout = lambda: None  # type: ignore[method-assign]
+    with work:
+        assert len(engine.alive) == 1
+    assert engine.alive == set()
