@@ -21,7 +21,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 from collections.abc import Iterator, Mapping, Sequence
@@ -35,9 +34,9 @@ from dspark_patch.probe.run import _PROBE_ENV
 from dspark_patch.report import render
 from dspark_patch.targets.base import RunResult
 from dspark_patch.targets.local import NEUTRAL_CWD, LocalTree
-from tests.support import cli
+from tests.support import probe_trees
 
-PYTHON = sys.executable
+PYTHON = probe_trees.PYTHON  # the venv's interpreter, as the command line's runs use
 
 # Reads one JSON request a line: fork, run `source` as `python -c source *args` would (as
 # __main__, SystemExit's code or message as the exit), answer {"code": exit status}.
@@ -136,13 +135,6 @@ def _in_process(tree: Path) -> tuple[int, dict]:
     return report.exit_code, json.loads(render.to_json(report))
 
 
-def _cli(tree: Path) -> tuple[int, dict]:
-    done = cli.run("probe", "--root", str(tree), "--python", PYTHON, "--json",
-                   "--report-dir", str(tree.parent / "report"))
-    assert "Traceback" not in done.stderr, done.stderr
-    return done.returncode, done.json
-
-
 def _verdict(outcome: tuple[int, dict]) -> tuple[int, str, list, list, list]:
     code, doc = outcome
     return (code, doc["status"], doc["probe"]["cases"], doc["probe"].get("census", []),
@@ -156,7 +148,7 @@ def probe_many(trees: Mapping[str, Path]) -> dict[str, tuple[int, dict]]:
     with forked_local_runs():
         outcomes = {name: _in_process(trees[name]) for name in names}
     for name in names[:2]:
-        by_cli = _cli(trees[name])
+        by_cli = probe_trees.probe(trees[name], trees[name].parent / "report")
         assert _verdict(by_cli) == _verdict(outcomes[name]), (name, by_cli, outcomes[name])
         outcomes[name] = by_cli
     return outcomes
