@@ -8,6 +8,10 @@ there (test_image_pipeline's killed-run test). The exact instant cannot be hit w
 engine on demand (a fault we cannot cause), so a stand-in engine plays the calls, and a trace
 hook raises the SystemExit at the create's return; the real SIGTERM path is tested against the
 real engine in test_image_pipeline.py.
+
+The evaluate server's container (`DockerEngine.started`) had the same gap; its test below runs
+the real `DockerEngine` against a stand-in client and raises at the return of its own
+`create_container`.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import sys
 
 import pytest
 
+from dspark_patch.targets.docker.client import DockerEngine
 from dspark_patch.targets.docker.container import WorkContainer
 
 
@@ -75,3 +80,70 @@ def test_a_start_that_ends_normally_keeps_its_container_until_the_exit() -> None
     with work:
         assert len(engine.alive) == 1
     assert engine.alive == set()
+
+
+class Client:
+    """The part of the Docker SDK's client that `DockerEngine.started` reaches: containers made
+    under a name with an id of their own, removed by either (as the engine's API does)."""
+
+    def __init__(self) -> None:
+        self.alive: dict[str, str] = {}  # id -> name
+        client = self
+
+        class Containers:
+            def create(self, image_id: str, *, name: str, **options: object) -> object:
+                container_id = f"id-of-{name}"
+                client.alive[container_id] = name
+
+                class Container:
+                    id = container_id
+
+                    def start(self) -> None:
+                        pass
+
+                return Container()
+
+        class Api:
+            def remove_container(self, name_or_id: str, **options: object) -> None:
+                for container_id, name in list(client.alive.items()):
+                    if name_or_id in (container_id, name):
+                        del client.alive[container_id]
+
+        self.containers = Containers()
+        self.api = Api()
+
+    def ping(self) -> bool:
+        return True
+
+
+def _terminated_at_the_return_of(code):  # type: ignore[no-untyped-def]
+    def tracer(frame, event, arg):  # type: ignore[no-untyped-def]
+        if frame.f_code is code:
+            def on_return(frame, event, arg):  # type: ignore[no-untyped-def]
+                if event == "return":
+                    raise SystemExit(143)
+                return on_return
+            return on_return
+        return None
+    return tracer
+
+
+def test_a_sigterm_right_after_the_evaluate_servers_create_leaves_no_container() -> None:
+    client = Client()
+    engine = DockerEngine(client)  # type: ignore[arg-type]
+    started = engine.started("sha256:" + "0" * 64, role="evaluate", command=["serve"], env={}, gpus=False)
+    sys.settrace(_terminated_at_the_return_of(DockerEngine.create_container.__code__))
+    try:
+        with pytest.raises(SystemExit):
+            started.__enter__()
+    finally:
+        sys.settrace(None)
+    assert client.alive == {}
+
+
+def test_the_evaluate_servers_container_lives_for_the_block_and_goes_after_it() -> None:
+    client = Client()
+    with DockerEngine(client).started("sha256:" + "0" * 64, role="evaluate", command=["serve"],  # type: ignore[arg-type]
+                                      env={}, gpus=False) as handle:
+        assert list(client.alive) == [handle.id]
+    assert client.alive == {}

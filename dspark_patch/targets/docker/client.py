@@ -220,25 +220,29 @@ class DockerEngine:
     ) -> Iterator[StartedContainer]:
         """Create and start a container of `image_id` (its own entrypoint, networking off);
         remove it when the block ends, however it ends (SIGTERM included)."""
+        # The name is made first and the removal is by name: a SIGTERM that lands after the
+        # engine made the container but before its answer is held here (create_container only
+        # covers its own call) still removes it.
+        name = container_name(role)
         with terminate_raises():
             try:
-                container = self.create_container(
-                    image_id,
-                    name=container_name(role),
-                    command=list(command),
-                    environment=dict(env),
-                    device_requests=[docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])] if gpus else None,
-                )
-            except docker.errors.ImageNotFound as exc:
-                raise TargetNotFound(f"image {image_id} not found on the engine at {self.host}") from exc
-            handle = StartedContainer(container, image_id=image_id, gpus=gpus)
-            try:
+                try:
+                    container = self.create_container(
+                        image_id,
+                        name=name,
+                        command=list(command),
+                        environment=dict(env),
+                        device_requests=[docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])] if gpus else None,
+                    )
+                except docker.errors.ImageNotFound as exc:
+                    raise TargetNotFound(f"image {image_id} not found on the engine at {self.host}") from exc
+                handle = StartedContainer(container, image_id=image_id, gpus=gpus)
                 with handle.engine_errors():
                     container.start()
                 yield handle
             finally:
                 if not keep_requested():
-                    self.remove_container(container.id)
+                    self.remove_container(name)
 
 
 class StartedContainer:
