@@ -15,8 +15,10 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import struct
 import subprocess
 import tarfile
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -117,6 +119,24 @@ def raw_header(name: bytes, *, size: int = 0, typeflag: bytes = b"0", linkname: 
     block[148:156] = b" " * 8
     block[148:156] = b"%06o\0 " % sum(block)
     return bytes(block)
+
+
+def gzip_of_repeats(prefix: bytes, chunk: bytes, count: int) -> bytes:
+    """A gzip stream of `prefix` and then `chunk` `count` times (a decompression bomb when the
+    chunk is zeros), made without compressing every copy: the chunk is compressed once after a
+    full flush (byte-aligned, no reference back into what came before), and that piece of the
+    deflate stream is repeated. The trailer's CRC-32 and length are those of the whole."""
+    raw = zlib.compressobj(9, zlib.DEFLATED, -15)
+    body = [raw.compress(prefix), raw.flush(zlib.Z_FULL_FLUSH)]
+    piece = raw.compress(chunk) + raw.flush(zlib.Z_FULL_FLUSH)
+    body += [piece] * count
+    body.append(raw.flush())  # the final (empty) block
+    crc = zlib.crc32(prefix)
+    for _ in range(count):
+        crc = zlib.crc32(chunk, crc)
+    size = (len(prefix) + len(chunk) * count) & 0xFFFFFFFF
+    header = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x02\xff"  # deflate, no name, no time, best, Unix
+    return header + b"".join(body) + struct.pack("<II", crc, size)
 
 
 def pax(records: Mapping[str, str], *, global_: bool = False) -> bytes:
