@@ -1,4 +1,5 @@
-"""A SIGTERM that lands between the engine's answer to the create and the tool holding it.
+"""A SIGTERM at the two edges of a container's life: between the engine's answer to the create
+and the tool holding it, and while the tool removes it.
 
 `WorkContainer` removes its container on every way out, SIGTERM included (signals.py makes it
 SystemExit). `create_container` removes the container by name when its own call is cut short;
@@ -12,10 +13,17 @@ real engine in test_image_pipeline.py.
 The evaluate server's container (`DockerEngine.started`) had the same gap; its test below runs
 the real `DockerEngine` against a stand-in client and raises at the return of its own
 `create_container`.
+
+A SIGTERM that arrives while a removal is under way used to cut it short (the container then
+waited for the next run's clean-up); it is now held until the removal ends and then ends the run
+(exit 143). A second one ends it at once, so an engine that hangs cannot make the run unkillable.
+The stand-ins send the signals to this process from inside their removal.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 
 import pytest
@@ -25,10 +33,12 @@ from dspark_patch.targets.docker.container import WorkContainer
 
 
 class Engine:
-    """Makes and removes containers by name, as the engine's API does."""
+    """Makes and removes containers by name, as the engine's API does. With `terms_in_removal`,
+    that many SIGTERMs reach this process while a removal is under way (a CI job's cancel)."""
 
-    def __init__(self) -> None:
+    def __init__(self, terms_in_removal: int = 0) -> None:
         self.alive: set[str] = set()
+        self.terms_in_removal = terms_in_removal
 
     def create_container(self, image_id: str, *, name: str, **options: object) -> object:
         self.alive.add(name)
@@ -46,6 +56,8 @@ class Engine:
         return Container()
 
     def remove_container(self, name_or_id: str) -> None:
+        for _ in range(self.terms_in_removal):
+            os.kill(os.getpid(), signal.SIGTERM)  # its handler runs before the next line
         self.alive.discard(name_or_id)
 
 
@@ -72,6 +84,32 @@ def test_a_sigterm_right_after_the_create_leaves_no_container() -> None:
     assert engine.alive == set()
 
 
+def test_a_sigterm_during_the_removal_waits_for_it_and_then_ends_the_run() -> None:
+    engine = Engine(terms_in_removal=1)
+    work = WorkContainer(engine, "sha256:" + "0" * 64, ref="img", python="python3",  # type: ignore[arg-type]
+                         keepalive={"entrypoint": ["python3"], "command": None})
+    work._check_timeout = lambda: None  # type: ignore[method-assign]
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as ended:
+        with work:
+            pass
+    assert ended.value.code == 143 and engine.alive == set()
+    assert signal.getsignal(signal.SIGTERM) is before  # the run's own handler is back
+
+
+def test_a_second_sigterm_during_the_removal_ends_the_run_at_once() -> None:
+    # the way out when the engine hangs in the removal: the container is left to the next
+    # run's clean-up (`gc`), as with no deferral at all
+    engine = Engine(terms_in_removal=2)
+    work = WorkContainer(engine, "sha256:" + "0" * 64, ref="img", python="python3",  # type: ignore[arg-type]
+                         keepalive={"entrypoint": ["python3"], "command": None})
+    work._check_timeout = lambda: None  # type: ignore[method-assign]
+    with pytest.raises(SystemExit) as ended:
+        with work:
+            pass
+    assert ended.value.code == 143 and len(engine.alive) == 1
+
+
 def test_a_start_that_ends_normally_keeps_its_container_until_the_exit() -> None:
     engine = Engine()
     work = WorkContainer(engine, "sha256:" + "0" * 64, ref="img", python="python3",  # type: ignore[arg-type]
@@ -86,7 +124,7 @@ class Client:
     """The part of the Docker SDK's client that `DockerEngine.started` reaches: containers made
     under a name with an id of their own, removed by either (as the engine's API does)."""
 
-    def __init__(self) -> None:
+    def __init__(self, terms_in_removal: int = 0) -> None:
         self.alive: dict[str, str] = {}  # id -> name
         client = self
 
@@ -105,6 +143,8 @@ class Client:
 
         class Api:
             def remove_container(self, name_or_id: str, **options: object) -> None:
+                for _ in range(terms_in_removal):
+                    os.kill(os.getpid(), signal.SIGTERM)
                 for container_id, name in list(client.alive.items()):
                     if name_or_id in (container_id, name):
                         del client.alive[container_id]
@@ -147,3 +187,14 @@ def test_the_evaluate_servers_container_lives_for_the_block_and_goes_after_it() 
                                       env={}, gpus=False) as handle:
         assert list(client.alive) == [handle.id]
     assert client.alive == {}
+
+
+def test_a_sigterm_during_the_evaluate_servers_removal_waits_for_it() -> None:
+    client = Client(terms_in_removal=1)
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as ended:
+        with DockerEngine(client).started("sha256:" + "0" * 64, role="evaluate", command=["serve"],  # type: ignore[arg-type]
+                                          env={}, gpus=False):
+            pass
+    assert ended.value.code == 143 and client.alive == {}
+    assert signal.getsignal(signal.SIGTERM) is before

@@ -224,7 +224,7 @@ class DockerEngine:
         # engine made the container but before its answer is held here (create_container only
         # covers its own call) still removes it.
         name = container_name(role)
-        with terminate_raises():
+        with terminate_raises() as term:
             try:
                 try:
                     container = self.create_container(
@@ -242,7 +242,8 @@ class DockerEngine:
                 yield handle
             finally:
                 if not keep_requested():
-                    self.remove_container(name)
+                    with term.deferred():  # a SIGTERM now would leave it: the removal finishes first
+                        self.remove_container(name)
 
 
 class StartedContainer:

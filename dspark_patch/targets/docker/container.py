@@ -163,10 +163,11 @@ class WorkContainer:
         it and before its answer was stored (`create_container` removes it by name only while
         its own call runs), so the name made for it is removed too; gone already is fine."""
         if self._container is None and self._name is not None:
-            try:
-                self._engine.remove_container(self._name)
-            except Exception:
-                pass  # the error that stopped the start says more
+            with self._term.deferred():
+                try:
+                    self._engine.remove_container(self._name)
+                except Exception:
+                    pass  # the error that stopped the start says more
 
     def _remove(self, *, keep_allowed: bool = True) -> None:
         container, self._container = self._container, None
@@ -177,10 +178,11 @@ class WorkContainer:
             self.notes.append(f"kept container {container.short_id} ({KEEP_ENV}=1); "
                               f"remove it with `docker rm -f {container.short_id}`")
             return
-        try:
-            container.remove(force=True, v=True)
-        except docker.errors.NotFound:
-            pass
+        with self._term.deferred():  # a SIGTERM now would leave it: the removal finishes first
+            try:
+                container.remove(force=True, v=True)
+            except docker.errors.NotFound:
+                pass
 
     @property
     def container(self) -> Container:

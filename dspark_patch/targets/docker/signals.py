@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import signal
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 
@@ -30,6 +32,30 @@ class terminate_raises:
         if self._installed:
             signal.signal(signal.SIGTERM, self._previous)
             self._installed = False
+
+    @contextmanager
+    def deferred(self) -> Iterator[None]:
+        """A SIGTERM that arrives while the block runs (a removal that must finish, or the
+        container would outlive the run) is held back and raised as SystemExit when it ends. A
+        second one raises at once: an engine that hangs must not make the run unkillable. Where
+        this is not active (another thread, or outside its with-block) the block just runs."""
+        if not self._installed:
+            yield
+            return
+        held: list[int] = []
+
+        def hold(signum: int, frame: object) -> None:
+            if held:
+                raise SystemExit(128 + signum)
+            held.append(signum)
+
+        signal.signal(signal.SIGTERM, hold)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGTERM, _raise_exit)
+            if held:
+                raise SystemExit(128 + held[0])  # the signal outranks what the block raised
 
 
 def _raise_exit(signum: int, frame: object) -> None:
