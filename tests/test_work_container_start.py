@@ -61,21 +61,30 @@ class Engine:
         self.alive.discard(name_or_id)
 
 
-def _terminated_at_the_creates_return(frame, event, arg):  # type: ignore[no-untyped-def]
-    if frame.f_code is Engine.create_container.__code__:
-        def on_return(frame, event, arg):  # type: ignore[no-untyped-def]
-            if event == "return":
-                raise SystemExit(143)
+def _terminated_at_the_return_of(code):  # type: ignore[no-untyped-def]
+    """A trace hook that raises SIGTERM's SystemExit as the function of `code` returns."""
+    def tracer(frame, event, arg):  # type: ignore[no-untyped-def]
+        if frame.f_code is code:
+            def on_return(frame, event, arg):  # type: ignore[no-untyped-def]
+                if event == "return":
+                    raise SystemExit(143)
+                return on_return
             return on_return
-        return on_return
-    return None
+        return None
+    return tracer
+
+
+def _work(engine: Engine) -> WorkContainer:
+    work = WorkContainer(engine, "sha256:" + "0" * 64, ref="img", python="python3",  # type: ignore[arg-type]
+                         keepalive={"entrypoint": ["python3"], "command": None})
+    work._check_timeout = lambda: None  # type: ignore[method-assign]
+    return work
 
 
 def test_a_sigterm_right_after_the_create_leaves_no_container() -> None:
     engine = Engine()
-    work = WorkContainer(engine, "sha256:" + "0" * 64, ref="img", python="python3",  # type: ignore[arg-type]
-                         keepalive={"entrypoint": ["python3"], "command": None})
-    sys.settrace(_terminated_at_the_creates_return)
+    work = _work(engine)
+    sys.settrace(_terminated_at_the_return_of(Engine.create_container.__code__))
     try:
         with pytest.raises(SystemExit):
             work.__enter__()
@@ -86,9 +95,7 @@ def test_a_sigterm_right_after_the_create_leaves_no_container() -> None:
 
 def test_a_sigterm_during_the_removal_waits_for_it_and_then_ends_the_run() -> None:
     engine = Engine(terms_in_removal=1)
-    work = WorkContainer(engine, "sha256:" + "0" * 64, ref="img", python="python3",  # type: ignore[arg-type]
-                         keepalive={"entrypoint": ["python3"], "command": None})
-    work._check_timeout = lambda: None  # type: ignore[method-assign]
+    work = _work(engine)
     before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(SystemExit) as ended:
         with work:
@@ -101,9 +108,7 @@ def test_a_second_sigterm_during_the_removal_ends_the_run_at_once() -> None:
     # the way out when the engine hangs in the removal: the container is left to the next
     # run's clean-up (`gc`), as with no deferral at all
     engine = Engine(terms_in_removal=2)
-    work = WorkContainer(engine, "sha256:" + "0" * 64, ref="img", python="python3",  # type: ignore[arg-type]
-                         keepalive={"entrypoint": ["python3"], "command": None})
-    work._check_timeout = lambda: None  # type: ignore[method-assign]
+    work = _work(engine)
     with pytest.raises(SystemExit) as ended:
         with work:
             pass
@@ -112,9 +117,7 @@ def test_a_second_sigterm_during_the_removal_ends_the_run_at_once() -> None:
 
 def test_a_start_that_ends_normally_keeps_its_container_until_the_exit() -> None:
     engine = Engine()
-    work = WorkContainer(engine, "sha256:" + "0" * 64, ref="img", python="python3",  # type: ignore[arg-type]
-                         keepalive={"entrypoint": ["python3"], "command": None})
-    work._check_timeout = lambda: None  # type: ignore[method-assign]
+    work = _work(engine)
     with work:
         assert len(engine.alive) == 1
     assert engine.alive == set()
@@ -154,18 +157,6 @@ class Client:
 
     def ping(self) -> bool:
         return True
-
-
-def _terminated_at_the_return_of(code):  # type: ignore[no-untyped-def]
-    def tracer(frame, event, arg):  # type: ignore[no-untyped-def]
-        if frame.f_code is code:
-            def on_return(frame, event, arg):  # type: ignore[no-untyped-def]
-                if event == "return":
-                    raise SystemExit(143)
-                return on_return
-            return on_return
-        return None
-    return tracer
 
 
 def test_a_sigterm_right_after_the_evaluate_servers_create_leaves_no_container() -> None:
