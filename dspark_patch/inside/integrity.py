@@ -103,10 +103,13 @@ def added_files(present, listed, folders, pth_listed):
 
 
 def _walk(location, folders, hash_files=True):
-    """(files {rel: [sha256, size]}, others [rel]) of the own folders, lstat before any open;
-    without `hash_files` the sha256 is None (the host hashes the same bytes, see the request)."""
-    files, others = {}, []
-    # One buffer read into for every file: a fresh 1 MiB bytes per read is an mmap, a page
+    """(files {rel: [sha256, size]}, others [rel], kept {rel: bytes}) of the own folders, lstat
+    before any open; without `hash_files` the sha256 is None (the host hashes the same bytes, see
+    the request). `kept`: the bytes of every .py and __pycache__/*.pyc of at most PYC_CAP, as
+    read (and hashed) here, so that the bytecode check looks at the very bytes the host compares
+    with the wheel and reads nothing twice."""
+    files, others, kept = {}, [], {}
+    # One buffer read into for every other file: a fresh 1 MiB bytes per read is an mmap, a page
     # fault per 4 KiB and an munmap each time (a third of the walk's time in the kernel, for
     # vLLM's 900 MB).
     buf = bytearray(1 << 18)
@@ -122,6 +125,7 @@ def _walk(location, folders, hash_files=True):
             continue
         for dirpath, dirnames, filenames in os.walk(top):
             rel_dir = os.path.relpath(dirpath, location).replace(os.sep, "/")
+            in_cache = os.path.basename(dirpath) == "__pycache__"
             keep = []
             for name in dirnames:
                 if stat.S_ISDIR(os.lstat(os.path.join(dirpath, name)).st_mode):
@@ -132,21 +136,31 @@ def _walk(location, folders, hash_files=True):
             for name in filenames:
                 full = os.path.join(dirpath, name)
                 st = os.lstat(full)
+                rel = f"{rel_dir}/{name}"
                 if not stat.S_ISREG(st.st_mode):
-                    others.append(f"{rel_dir}/{name}")
+                    others.append(rel)
                     continue
                 digest = None
-                if hash_files:
-                    h = hashlib.sha256()
+                whole = st.st_size <= PYC_CAP and (name.endswith(".py") or (in_cache and name.endswith(".pyc")))
+                if hash_files or whole:
+                    h = hashlib.sha256() if hash_files else None
                     with open(full, "rb", buffering=0) as fh:
-                        while True:
+                        data = fh.read(st.st_size + 1) if whole else b""
+                        if h is not None:
+                            h.update(data)
+                        grew = len(data) > st.st_size  # a short read of a regular file is its end
+                        while grew or not whole:
                             n = fh.readinto(buf)
                             if not n:
                                 break
-                            h.update(view[:n])
-                    digest = h.hexdigest()
-                files[f"{rel_dir}/{name}"] = [digest, st.st_size]
-    return files, sorted(others)
+                            if h is not None:
+                                h.update(view[:n])
+                    if whole and not grew:  # a file that grew since the lstat is read again later
+                        kept[rel] = data
+                    if h is not None:
+                        digest = h.hexdigest()
+                files[rel] = [digest, st.st_size]
+    return files, sorted(others), kept
 
 
 def _top_level(location):
@@ -250,11 +264,14 @@ class _Proofs:
             raw = b""
         self.known = {raw[i:i + PROOF_BYTES] for i in range(0, len(raw) - len(raw) % PROOF_BYTES, PROOF_BYTES)}
 
-    def key(self, opt, source, data):
+    def key(self, opt, source, data, digests=(None, None)):
+        """The proof of `data` (a .pyc) compiled from `source`; `digests`: their sha256 (hex)
+        where the walk already hashed these very bytes."""
         if self.identity is None:
             return None
-        return hashlib.sha256(f"{self.identity}\0{opt}\0{hashlib.sha256(source).hexdigest()}\0"
-                              f"{hashlib.sha256(data).hexdigest()}".encode()).digest()[:PROOF_BYTES]
+        source_hex = digests[0] or hashlib.sha256(source).hexdigest()
+        data_hex = digests[1] or hashlib.sha256(data).hexdigest()
+        return hashlib.sha256(f"{self.identity}\0{opt}\0{source_hex}\0{data_hex}".encode()).digest()[:PROOF_BYTES]
 
     def answer(self):
         if self.identity is None:
@@ -266,12 +283,20 @@ class _Proofs:
 _NO_PROOFS = _Proofs(None)
 
 
-def check_pyc(location, pyc_rel, source_rel, opt, *, patched, proofs=_NO_PROOFS):
-    """'' when the .pyc this interpreter would load has the code of its source; else why not."""
+def check_pyc(location, pyc_rel, source_rel, opt, *, patched, proofs=_NO_PROOFS, walked=None):
+    """'' when the .pyc this interpreter would load has the code of its source; else why not.
+    `walked`: (files, kept) of the walk, whose bytes (and their sha256) are used where it kept
+    them; the others are read here."""
     pyc = os.path.join(location, pyc_rel)
     source_path = os.path.join(location, source_rel)
-    source = _read_regular(source_path, PYC_CAP)
-    data = _read_regular(pyc, PYC_CAP)
+    files, kept = walked or ({}, {})
+    source = kept.get(source_rel)
+    data = kept.get(pyc_rel)
+    digests = (files[source_rel][0] if source is not None else None, files[pyc_rel][0] if data is not None else None)
+    if source is None:
+        source = _read_regular(source_path, PYC_CAP)
+    if data is None:
+        data = _read_regular(pyc, PYC_CAP)
     if source is None or data is None:
         return "is not a regular file (or is too large)"
     why = _header_loads(data[:16], source, source_path)
@@ -282,7 +307,7 @@ def check_pyc(location, pyc_rel, source_rel, opt, *, patched, proofs=_NO_PROOFS)
         return "is timestamp bytecode, expected checked-hash"
     if patched and not flags & 0b10:
         return "is unchecked-hash bytecode (never revalidated)"
-    key = proofs.key(opt, source, data)
+    key = proofs.key(opt, source, data, digests)
     if key is not None and key in proofs.known:
         proofs.reused += 1
         proofs.held.add(key)
@@ -327,7 +352,7 @@ def _same_shape(a, b):
     return all(_same_shape(a.co_consts[i], b.co_consts[i]) for i in range(len(a.co_consts)))
 
 
-def check_bytecode_all(location, files, patched, proofs=_NO_PROOFS):
+def check_bytecode_all(location, files, patched, proofs=_NO_PROOFS, kept=None):
     tag = sys.implementation.cache_tag
     results = {}
     for rel in sorted(files):
@@ -340,7 +365,8 @@ def check_bytecode_all(location, files, patched, proofs=_NO_PROOFS):
         if source_rel not in files:
             continue  # sourceless: never loaded from __pycache__; the host counts it as added
         opt = int(found.group("opt") or 0)
-        results[rel] = check_pyc(location, rel, source_rel, opt, patched=source_rel in patched, proofs=proofs)
+        results[rel] = check_pyc(location, rel, source_rel, opt, patched=source_rel in patched, proofs=proofs,
+                                 walked=(files, kept or {}))
     for source_rel in patched:  # the tool compiled these: their bytecode must be there
         pyc = importlib.util.cache_from_source(source_rel)
         if source_rel in files and pyc not in results:
@@ -350,11 +376,11 @@ def check_bytecode_all(location, files, patched, proofs=_NO_PROOFS):
 
 def main(request):
     location = request["location"]
-    files, others = _walk(location, request["folders"], request.get("hash", True))
+    files, others, kept = _walk(location, request["folders"], request.get("hash", True))
     top_level, pth, pth_listed = _top_level(location)
     patched = set(request.get("patched", []))
     proofs = _Proofs(request.get("proofs"))
-    bytecode = check_bytecode_all(location, files, patched, proofs)
+    bytecode = check_bytecode_all(location, files, patched, proofs, kept)
     return {"files": files, "others": others, "top_level": top_level, "pth": pth, "pth_listed": pth_listed,
             "bytecode": bytecode, "cache_tag": sys.implementation.cache_tag, **proofs.answer()}
 
