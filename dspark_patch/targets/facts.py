@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-from collections.abc import Callable
+import os
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 SOURCE_CAP = 16 << 20   # a larger .py is hashed but gets no source hash (its bytecode: not verified)
@@ -27,19 +28,20 @@ class FileFacts:
     data: bytes | None = None          # a kept file's bytes
 
 
-def read_facts(rel: str, read: Callable[[int], bytes], *, keep: bool = False) -> FileFacts:
-    """Facts of one file from `read(n)` (a file object's read)."""
+def read_facts(rel: str, chunks: Iterable[bytes | memoryview], *, keep: bool = False) -> FileFacts:
+    """Facts of one file from its bytes in `chunks` (a chunk may be a view into a buffer that is
+    reused for the next one: what is held is copied)."""
     digest = hashlib.sha256()
     size = 0
     head = b""
     whole: list[bytes] | None = [] if rel.endswith(".py") or keep else None
-    for chunk in iter(lambda: read(1 << 20), b""):
+    for chunk in chunks:
         digest.update(chunk)
         if len(head) < 16:
-            head += chunk[:16 - len(head)]
+            head += bytes(chunk[:16 - len(head)])
         size += len(chunk)
         if whole is not None:
-            whole.append(chunk)
+            whole.append(bytes(chunk))
             if size > max(SOURCE_CAP, KEEP_CAP):
                 whole = None
     data = b"".join(whole) if whole is not None else None
@@ -49,3 +51,14 @@ def read_facts(rel: str, read: Callable[[int], bytes], *, keep: bool = False) ->
         header=head if rel.endswith(".pyc") else None,
         data=data if keep and data is not None and size <= KEEP_CAP else None,
     )
+
+
+def file_chunks(fileno: int, buf: bytearray) -> Iterator[memoryview]:
+    """An open file's bytes as views into `buf`, which each next chunk overwrites (one buffer for
+    a whole tree: a fresh bytes object per read is an mmap, page faults and an munmap each time)."""
+    view = memoryview(buf)
+    while True:
+        n = os.readv(fileno, [buf])
+        if not n:
+            return
+        yield view[:n]

@@ -20,7 +20,7 @@ from ..errors import AmbiguousDistribution, TargetNotFound
 from ..inside.integrity import own_folders
 from ..inside.locate import BadRecord, read_record_rows
 from ..references import PTH_CAP
-from .facts import read_facts
+from .facts import file_chunks, read_facts
 from .sitefiles import SiteFiles
 
 _PY_DIR = re.compile(r"python(\d+\.\d+)")
@@ -73,6 +73,7 @@ def read_site(root: Path, distribution: str, *, keep: Iterable[str] = ()) -> Sit
     # Plain strings below: os.walk's paths all start with the resolved root (pathlib's parsing
     # of 30,000 paths was a sixth of a status run on vLLM's tree).
     prefix = os.path.join(str(root), "")
+    buf = bytearray(1 << 18)
     for folder in sorted(folders):
         base = root / folder
         if base.is_symlink() or not base.is_dir():
@@ -90,8 +91,8 @@ def read_site(root: Path, distribution: str, *, keep: Iterable[str] = ()) -> Sit
                 if not stat.S_ISREG(mode):
                     others.append(rel)
                     continue
-                with open(full, "rb") as fh:
-                    facts = read_facts(rel, fh.read, keep=_kept(rel, keep))
+                with open(full, "rb", buffering=0) as fh:
+                    facts = read_facts(rel, file_chunks(fh.fileno(), buf), keep=_kept(rel, keep))
                     mtime = int(os.fstat(fh.fileno()).st_mtime)
                 hashes[rel] = facts.sha256
                 if facts.header is not None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import BinaryIO, Literal
 
@@ -68,11 +68,6 @@ def path_key(path: str) -> int:
     another run); 64 bits keep a collision out of reach for millions of members. Memoised: a
     layer's folders are the ancestors of many members."""
     return int.from_bytes(hashlib.blake2b(path.encode("utf-8", "surrogateescape"), digest_size=8).digest(), "little")
-
-
-def _reader(chunks: Iterator[bytes]) -> Callable[[int], bytes]:
-    """A file object's `read(n)` over a member's chunks (each call gives the next chunk)."""
-    return lambda _n: next(chunks, b"")
 
 
 def ancestors(path: str) -> list[str]:
@@ -172,7 +167,7 @@ def scan_layer(fileobj: BinaryIO, *, where: str, keep: KeepPredicate, limits: Li
                 data = tar.read_all(wanted[1])
                 entries[path] = Entry("file", sha256=hashlib.sha256(data).hexdigest(), data=data, size=member.size)
         elif wanted in ("facts", "facts+bytes"):
-            facts = read_facts(path, _reader(tar.chunks()), keep=wanted == "facts+bytes")
+            facts = read_facts(path, tar.chunks(), keep=wanted == "facts+bytes")
             entries[path] = Entry("file", sha256=facts.sha256, data=facts.data, size=member.size, header=facts.header,
                                   source=(member.mtime, facts.size, facts.source_hash) if path.endswith(".py") else None)
         elif wanted == "hash":
