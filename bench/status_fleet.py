@@ -14,6 +14,12 @@ and warm (aim: big / small at most 1.15x; issue 19 item 5), and beside them the 
 is not in the scan cache yet (dockerd has no call that exports one layer), so its cold figure is
 that floor, once per layer; the warm figures say whether anything else grows with the image.
 
+Before each timed run the bench waits (at most 30 s) for the machine to be quiet: after a save
+the engine goes on with work of its own (it removes the folder it exported the layers into, and
+the kernel writes back what that left), seconds for `big`'s 103,000 files, and a run timed then
+pays for the run before it (a warm `--via layers` of `big` took 1.25 s right after a cold one,
+0.91 s fifteen seconds later). The seconds waited are printed, and not counted.
+
 Run: .venv/bin/python bench/status_fleet.py [ROUNDS] [--big]   (needs the engine and fixture images)
 Not a test: timings vary with the machine; read the figures side by side.
 """
@@ -38,6 +44,29 @@ SITE = "/usr/local/lib/python3.11/dist-packages"
 CLI = str(ROOT / ".venv" / "bin" / "dspark-patch")
 VIAS = ("auto", "layers", "container")
 CACHED = ("auto", "layers")   # the routes the scan cache serves
+SETTLED = [0.0]               # seconds waited for a quiet machine, in all
+
+
+def _cpu_busy(interval: float) -> float:
+    """The share of the machine's CPU time that was not idle over `interval` (I/O wait counts as
+    busy: an engine removing a folder waits on the disk)."""
+    def sample() -> tuple[int, int]:
+        with open("/proc/stat") as stat:
+            fields = [int(v) for v in stat.readline().split()[1:]]
+        return sum(fields), fields[3]
+    total0, idle0 = sample()
+    time.sleep(interval)
+    total1, idle1 = sample()
+    return 1.0 - (idle1 - idle0) / max(total1 - total0, 1)
+
+
+def settle(limit: float = 30.0) -> None:
+    """Wait until the machine is quiet (under 15% busy for half a second), at most `limit` s."""
+    start = time.monotonic()
+    subprocess.run(["sync"], check=False)
+    while time.monotonic() - start < limit and _cpu_busy(0.5) >= 0.15:
+        pass
+    SETTLED[0] += time.monotonic() - start
 
 
 def build_fleet(fixture: str, work: Path, count: int = 4, prefix: str = "bench-status") -> list[str]:
@@ -59,6 +88,7 @@ def timed_status(refs: list[str], via: str, cache: Path) -> float:
     argv = [CLI, "status", "--json", "--jobs", str(len(refs)), "--via", via]
     for ref in refs:
         argv += ["--image", ref]
+    settle()
     start = time.perf_counter()
     done = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "DSPARK_PATCH_CACHE": str(cache)})
     seconds = time.perf_counter() - start
@@ -84,6 +114,7 @@ def warm(refs: list[str], via: str, work: Path) -> float:
 
 def engine_save(ref: str) -> float:
     """`docker save REF` into a pipe that only counts the bytes: the engine's own export."""
+    settle()
     start = time.perf_counter()
     with subprocess.Popen(["docker", "save", ref], stdout=subprocess.PIPE) as save:
         assert save.stdout is not None
@@ -143,6 +174,7 @@ def main() -> None:
         small, large = min(sizes["save", "engine", "small"]), min(sizes["save", "engine", "big"])
         print(f"docker save (engine)   fixture: {small:7.2f}s   big (+3 GB, +103k files): {large:7.2f}s   "
               f"big / small: {large / small:5.2f}x  (the floor of a cold --via layers: every layer, once)")
+    print(f"waited for a quiet machine before the timed runs: {SETTLED[0]:.1f} s in all (not counted)")
 
 
 if __name__ == "__main__":
