@@ -290,11 +290,12 @@ def test_a_run_killed_midway_leaves_no_tag_and_its_container_goes(sig, client, s
         if proc.poll() is None:  # the test failed before its signal: do not let the run tag later
             proc.kill()
             proc.wait()
+    said = proc.stderr.read().decode("utf-8", "replace") if proc.stderr else ""  # what the run said, for a failure
     try:
         assert proc.returncode != 0
         assert not image_exists(client, tag)
         if sig == signal.SIGTERM:
-            assert our_containers(client) == []  # cleaned up on the way out
+            assert our_containers(client) == [], said  # cleaned up on the way out
         else:
             left = our_containers(client)
             assert left and all(f"--{host}--{proc.pid}--" in name for name in left)  # SIGKILL: nothing could clean up ...

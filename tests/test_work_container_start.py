@@ -189,3 +189,96 @@ def test_a_sigterm_during_the_evaluate_servers_removal_waits_for_it() -> None:
             pass
     assert ended.value.code == 143 and client.alive == {}
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+# --- a SIGTERM at every line ----------------------------------------------------------------
+# The two edges above were found one CI flake at a time; a CI run then found the work container
+# of a SIGTERMed run left again: the signal had landed after the start (the container held, so
+# nothing removed it by name), while the entry that had failed was never exited. Here the
+# SystemExit is raised at each line the tool's own code runs, from the create on, one run per
+# line, until a run ends with none raised: every line of the way in must leave nothing behind.
+
+from pathlib import Path  # noqa: E402
+
+from dspark_patch.targets.base import ImageInfo  # noqa: E402
+from dspark_patch.targets.docker import container as container_module  # noqa: E402
+from dspark_patch.targets.docker import signals as signals_module  # noqa: E402
+from dspark_patch.targets.docker import target as target_module  # noqa: E402
+
+_OWN = {str(Path(m.__file__).resolve()) for m in (container_module, signals_module, target_module)}  # type: ignore[type-var]
+
+
+def _terminated_at_line(n: int, armed):  # type: ignore[no-untyped-def]
+    """A trace hook that raises SIGTERM's SystemExit at the `n`-th line run in the tool's own
+    code (container.py, signals.py, target.py) once `armed()` says the container exists.
+    `fired` says whether it did."""
+    seen = [0]
+    fired = [False]
+
+    def local(frame, event, arg):  # type: ignore[no-untyped-def]
+        if event == "line" and armed():
+            if seen[0] == n:
+                fired[0] = True
+                raise SystemExit(143)
+            seen[0] += 1
+        return local
+
+    def tracer(frame, event, arg):  # type: ignore[no-untyped-def]
+        return local if frame.f_code.co_filename in _OWN else None
+    return tracer, fired
+
+
+def _every_line(enter, alive):  # type: ignore[no-untyped-def]
+    """Runs `enter()` once per line (see above); returns how many lines were tried. Each run
+    must end with no container alive, whether the SystemExit came or not."""
+    before = signal.getsignal(signal.SIGTERM)
+    n = 0
+    while True:
+        tracer, fired = _terminated_at_line(n, lambda: bool(alive()))
+        sys.settrace(tracer)
+        try:
+            leave = enter()
+        except SystemExit:
+            leave = None
+        finally:
+            sys.settrace(None)
+        if leave is not None:
+            leave()
+        assert not alive(), f"a SIGTERM at line {n} after the create left {alive()}"
+        assert signal.getsignal(signal.SIGTERM) is before, f"a SIGTERM at line {n} left its handler"
+        if not fired[0]:
+            return n
+        n += 1
+
+
+def test_a_sigterm_at_any_line_of_the_work_containers_start_leaves_no_container() -> None:
+    engine = Engine()
+
+    def enter():  # type: ignore[no-untyped-def]
+        work = _work(engine)
+        work.__enter__()
+        return lambda: work.__exit__(None, None, None)
+
+    assert _every_line(enter, lambda: engine.alive) > 0  # lines were tried: the create happened
+
+
+class TargetEngine(Engine):
+    """The part of the engine an image target's entry reaches besides the container's."""
+
+    def ensure_image(self, ref: str, **options: object) -> tuple[ImageInfo, bool]:
+        return ImageInfo(id="sha256:" + "0" * 64, config={}, layers=1, repo_tags=(ref,)), False
+
+    def gc_containers(self) -> list[str]:
+        return []
+
+
+def test_a_sigterm_at_any_line_of_an_image_targets_entry_leaves_no_container(monkeypatch) -> None:
+    monkeypatch.setattr(WorkContainer, "_check_timeout", lambda self: None)
+    engine = TargetEngine()
+
+    def enter():  # type: ignore[no-untyped-def]
+        target = target_module.ImageTarget("img", engine=engine, python="python3")  # type: ignore[arg-type]
+        target.__enter__()
+        return lambda: target.__exit__(None, None, None)
+
+    assert _every_line(enter, lambda: engine.alive) > 0

@@ -119,17 +119,23 @@ class WorkContainer:
         self._term.__enter__()
         try:
             self._start()
+            return self
         except BaseException:
-            try:
-                self._remove_unheld()
-            finally:
-                self._term.__exit__(None, None, None)
+            # Whatever the start got to, held or only named: a SIGTERM after the start (the
+            # container held) once left it, since a failed entry is never exited.
+            self._leave()
             raise
-        return self
 
     def __exit__(self, *exc: object) -> None:
+        self._leave()
+
+    def _leave(self) -> None:
+        """Remove the container, held or only named; then give SIGTERM back. Safe to repeat."""
         try:
-            self._remove()
+            try:
+                self._remove()
+            finally:
+                self._remove_unheld()
         finally:
             self._term.__exit__(None, None, None)
 
@@ -168,21 +174,25 @@ class WorkContainer:
                     self._engine.remove_container(self._name)
                 except Exception:
                     pass  # the error that stopped the start says more
+                self._name = None
 
     def _remove(self, *, keep_allowed: bool = True) -> None:
-        container, self._container = self._container, None
+        container = self._container
         if container is None:
             return
-        self._name = None  # held: removed (or kept) here, never again by name
         if keep_allowed and keep_requested():
+            self._container, self._name = None, None
             self.notes.append(f"kept container {container.short_id} ({KEEP_ENV}=1); "
                               f"remove it with `docker rm -f {container.short_id}`")
             return
-        with self._term.deferred():  # a SIGTERM now would leave it: the removal finishes first
+        # Held until it is gone (a removal that fails keeps it, for the next try): a SIGTERM
+        # now would leave it, so the removal finishes first.
+        with self._term.deferred():
             try:
                 container.remove(force=True, v=True)
             except docker.errors.NotFound:
                 pass
+            self._container, self._name = None, None
 
     @property
     def container(self) -> Container:

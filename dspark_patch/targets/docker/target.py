@@ -99,8 +99,12 @@ class ImageTarget:
             removed = self._engine.gc_containers()
             if removed:
                 self._notes.append(f"removed {len(removed)} container(s) left by an earlier, killed run")
-        self._work = self._start()
-        return self
+        try:
+            self._work = self._start()
+            return self
+        except BaseException:  # a failed entry is never exited: what it started goes now (SIGTERM too)
+            self.__exit__(None, None, None)
+            raise
 
     def __exit__(self, *exc: object) -> None:
         work, self._work = self._work, None
@@ -140,8 +144,12 @@ class ImageTarget:
         for python in pythons:
             work = WorkContainer(self.engine, self.source.id, ref=self.ref, python=python,
                                  keepalive={"entrypoint": result_image.keepalive_argv(python), "command": None})
+            # Its exit is on the stack before its entry: a SIGTERM just after the entry (before
+            # `enter_context` would have pushed it) must still remove the container. Exiting one
+            # whose entry failed does nothing.
+            self._stack.push(work)
             try:
-                entered = self._stack.enter_context(work)
+                entered = work.__enter__()
             except ExecutableMissing:
                 continue
             self._python = python
