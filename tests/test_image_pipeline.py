@@ -24,7 +24,7 @@ from dspark_patch.pipeline import LABEL_PREFIX
 from dspark_patch.report.audit_json import load_schema
 from dspark_patch.targets.docker import CONFIG_FIELDS, DockerEngine
 from tests.support.cli import SCRIPT, Result, run
-from tests.support.containers import our_containers
+from tests.support.containers import on_host, our_containers
 from tests.support.images import fixture_image, no_python_image, no_vllm_image
 
 pytestmark = pytest.mark.engine
@@ -263,20 +263,10 @@ def test_existing_tag_is_refused_before_any_work(client, source, tag, tmp_path):
     assert our_containers(client) == []
 
 
-def _on_host(host: str, argv: list[str]) -> list[str]:
-    """`argv` under a host name of its own (a UTS namespace; the same pid, as `exec` keeps it).
-
-    The tool removes a container whose maker is gone only when that maker ran on its own host
-    (the name says which). Under a name of the test's own, a run in the session beside this one
-    (scripts/test runs the registry tiers on the same engine) leaves the killed run's container
-    alone, so the run this test starts next is the one that finds it."""
-    return ["unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', host, *argv]
-
-
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
 def test_a_run_killed_midway_leaves_no_tag_and_its_container_goes(sig, client, source, tag, tmp_path):
     host = f"dspark-test-{uuid.uuid4().hex[:12]}"
-    proc = subprocess.Popen(_on_host(host, [str(SCRIPT), "apply", "--image", source, "--tag", tag,
+    proc = subprocess.Popen(on_host(host, [str(SCRIPT), "apply", "--image", source, "--tag", tag,
                                             "--report-dir", str(tmp_path / "r")]),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
@@ -299,7 +289,7 @@ def test_a_run_killed_midway_leaves_no_tag_and_its_container_goes(sig, client, s
         else:
             left = our_containers(client)
             assert left and all(f"--{host}--{proc.pid}--" in name for name in left)  # SIGKILL: nothing could clean up ...
-            done = subprocess.run(_on_host(host, [str(SCRIPT), "apply", "--image", source, "--dry-run", "--json",
+            done = subprocess.run(on_host(host, [str(SCRIPT), "apply", "--image", source, "--dry-run", "--json",
                                                   "--report-dir", str(tmp_path / "next")]),
                                   capture_output=True, text=True, timeout=900)
             res = Result(done.returncode, done.stdout, done.stderr)

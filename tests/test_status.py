@@ -7,6 +7,7 @@ import json
 import re
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -299,6 +300,40 @@ def test_status_of_a_fleet_reads_every_image_without_starting_or_leaving_anythin
     actions = {line.split()[0] for line in touched}
     # Made, read through the archive API, removed: never started, nothing executed in it.
     assert "destroy" in actions and actions <= {"create", "archive-path", "destroy"}, touched
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("kinds", [("edited",), ("fixture", "patched", "edited", "elsewhere")], ids=["one", "four"])
+def test_a_sigterm_during_status_ends_it_with_143_and_no_container_left(fleet: dict[str, str], kinds) -> None:
+    # The readers' containers are made on the pool's threads, where no signal handler runs: a
+    # SIGTERM (a CI job's cancel, `docker stop` of a CI container) used to end the process at
+    # once and leave a Created container per image being read. Under a host name of its own
+    # (support/containers.py), so that only this run's containers are counted.
+    from tests.support.cli import SCRIPT
+    from tests.support.containers import on_host
+
+    host = f"dspark-test-{secrets.token_hex(6)}"
+
+    def left() -> list[str]:
+        return [n for n in _status_containers_left() if f"--{host}--" in n]
+
+    argv = [str(SCRIPT), "status", "--via", "container", "--jobs", "1", *(a for k in kinds for a in ("--image", fleet[k]))]
+    proc = subprocess.Popen(on_host(host, argv), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while not left():
+            assert proc.poll() is None and time.monotonic() < deadline, "the run never made a container"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    said = proc.stderr.read().decode("utf-8", "replace") if proc.stderr else ""
+    assert proc.returncode == 143, said  # ended by the signal, as `docker` and `pip` end: 128 + 15
+    assert "Traceback" not in said, said
+    assert left() == [], said
 
 
 def _container_events(since: str, until: str, image_ids: set[str]) -> list[str]:

@@ -244,13 +244,21 @@ def _read_engine(request: StatusRequest, patchsets: Sequence[PatchSet], progress
         except (ValueError, LookupError, TypeError, UnicodeError, tarfile.TarError) as exc:
             return _error_row(ref, unreadable(ref, exc), **extra)
 
+    # The readers' containers are made on the pool's threads, which no signal reaches: a SIGTERM
+    # removes them from here, and the images not yet begun are dropped, so the run ends now
+    # (exit 143) with none left behind.
     with ThreadPoolExecutor(max_workers=max(1, request.jobs), thread_name_prefix="status") as pool:
-        futures = {pool.submit(read_one, image_id, names): image_id for image_id, names in by_id.items()}
-        for future in as_completed(futures):
-            image_id, row = futures[future], future.result()
-            for name in by_id[image_id]:
-                rows[name] = named = replace(row, ref=name)
-                progress(name, "done", named)
+        try:
+            with engine.removed_on_term():
+                futures = {pool.submit(read_one, image_id, names): image_id for image_id, names in by_id.items()}
+                for future in as_completed(futures):
+                    image_id, row = futures[future], future.result()
+                    for name in by_id[image_id]:
+                        rows[name] = named = replace(row, ref=name)
+                        progress(name, "done", named)
+        except BaseException:
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
     return rows
 
 

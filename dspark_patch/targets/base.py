@@ -321,6 +321,11 @@ class ImageStore(Protocol):
         """A reader of `ref`'s site folder (an id pins exactly the image a caller grouped tags by)."""
         ...
 
+    def removed_on_term(self) -> AbstractContextManager[None]:
+        """For a block whose readers run on other threads: a SIGTERM removes what this process
+        made in the store and ends the run (exit 143)."""
+        ...
+
     def save_views(self, image_ids: Sequence[str], distribution: str,
                    keep: Iterable[str] = (), cache: ScanCache | None = None) -> dict[str, LayerView | DsparkPatchError]:
         """Every image's merged layer view from one save of all of them (shared layers read once;

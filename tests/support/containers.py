@@ -35,3 +35,13 @@ def _descends_from_us(pid: int) -> bool:
         except OSError:
             return False
     return False
+
+
+def on_host(host: str, argv: list[str]) -> list[str]:
+    """`argv` under a host name of its own (a UTS namespace; the same pid, as `exec` keeps it).
+
+    The tool removes a container whose maker is gone only when that maker ran on its own host
+    (the name says which). Under a name of the test's own, a run in the session beside this one
+    (scripts/test runs the registry tiers on the same engine) leaves the killed run's container
+    alone, so the run this test starts next is the one that finds it."""
+    return ["unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', host, *argv]

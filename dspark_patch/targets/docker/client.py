@@ -25,7 +25,7 @@ from ...imageref import ImageRef
 from ..base import ImageInfo, PullCallback, PullPolicy
 from . import transfer
 from .naming import NAME_PREFIX, Owner, container_name, keep_requested
-from .signals import terminate_raises
+from .signals import terminate_raises, terminate_sweeps
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -192,6 +192,29 @@ class DockerEngine:
                 raise
             removed.append(name)
         return removed
+
+    def remove_own_containers(self) -> list[str]:
+        """Remove every container this process made (not kept ones); returns their names. What
+        a SIGTERM runs where the containers belong to other threads (`terminate_sweeps`). One
+        another thread is removing right now is left to it."""
+        removed = []
+        for container_id, name in self.our_containers():
+            owner = Owner.parse(name)
+            if owner is None or not owner.mine or owner.kept:
+                continue
+            try:
+                self.remove_container(container_id)
+            except docker.errors.APIError:
+                continue
+            removed.append(name)
+        return removed
+
+    @contextmanager
+    def removed_on_term(self) -> Iterator[None]:
+        """A block whose containers are made on other threads: a SIGTERM removes this process's
+        containers and ends the run (exit 143); see signals.terminate_sweeps."""
+        with terminate_sweeps(self.remove_own_containers):
+            yield
 
     def remove_container(self, name_or_id: str) -> None:
         """Force-remove a container with its anonymous volumes; gone already is fine."""

@@ -14,6 +14,7 @@ import docker.errors
 from ...errors import EnvironmentProblem
 from .client import DockerEngine, reason
 from .naming import container_name, keep_requested
+from .signals import terminate_raises
 
 # `uname -m` (what the engine's info reports) -> the architecture images are labelled with.
 _ARCHITECTURES = {
@@ -57,19 +58,23 @@ def check_emulation(engine: DockerEngine, image_id: str, platform: str, python: 
     qemu = QEMU_NAMES.get(architecture, architecture)
     outcome = ""
     name = container_name("emulation")
-    try:
-        container = engine.create_container(image_id, name=name, entrypoint=[python, "-c", "pass"],
-                                            command=[], user="0")
+    # The name is made first and the removal is by name, on every way out (a SIGTERM included:
+    # signals.py makes it SystemExit, and the removal under way finishes first).
+    with terminate_raises() as term:
         try:
-            container.start()
-            status = container.wait(timeout=120)
-            if int(status.get("StatusCode", 0)) != 0:
-                outcome = container.logs(stdout=True, stderr=True).decode("utf-8", "replace")
-        finally:
-            if not keep_requested():
-                engine.remove_container(name)
-    except docker.errors.APIError as exc:
-        outcome = reason(exc)
+            try:
+                container = engine.create_container(image_id, name=name, entrypoint=[python, "-c", "pass"],
+                                                    command=[], user="0")
+                container.start()
+                status = container.wait(timeout=120)
+                if int(status.get("StatusCode", 0)) != 0:
+                    outcome = container.logs(stdout=True, stderr=True).decode("utf-8", "replace")
+            finally:
+                if not keep_requested():
+                    with term.deferred():
+                        engine.remove_container(name)
+        except docker.errors.APIError as exc:
+            outcome = reason(exc)
     if _EXEC_FORMAT in outcome.lower():
         raise NoEmulation(
             f"the engine at {engine.host} cannot run {platform} programs (exec format error): "

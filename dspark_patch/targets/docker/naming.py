@@ -60,6 +60,11 @@ class Owner:
     def here(self) -> bool:
         return self.host == _this_host()
 
+    @property
+    def mine(self) -> bool:
+        """Made by this very process (host, pid and the pid's start time)."""
+        return self.here and self.pid == os.getpid() and self.start == _start_time(self.pid)
+
     def alive(self) -> bool:
         stat = _stat(self.pid)
         return stat is not None and stat[0] != "Z" and stat[19] == self.start

@@ -55,6 +55,7 @@ from ..sitepath import choose_site, interpreter_sites
 from .client import DockerEngine
 from .client import reason as _reason
 from .naming import container_name as _container_name
+from .signals import terminate_raises
 
 # Never started; only named so an accidental start fails fast instead of running the image.
 NEVER_STARTED = ["/dspark-patch-status-never-starts"]
@@ -92,6 +93,8 @@ class ImageReader:
         self._engine = engine
         self._api = engine.client.api
         self._container: str | None = None
+        self._name: str | None = None     # set before the create: what to remove if its answer is lost
+        self._term = terminate_raises()
         self.image_id: str | None = None
         self.image_platform: str | None = None
         self._config: dict[str, Any] = {}
@@ -100,24 +103,45 @@ class ImageReader:
         info = self._engine.image_info(self._wanted)
         self.image_id, self._config = info.id, info.config
         self.image_platform = info.platform
+        # As a work container's (container.py): the name is made first and the removal is by
+        # name, on every way out of the entry too, so a SIGTERM wherever it lands (the main
+        # thread; a fleet's readers are swept by `DockerEngine.removed_on_term`) leaves none.
+        self._term.__enter__()
+        self._name = _container_name("status")
         try:
-            created = self._api.create_container(
-                info.id, entrypoint=NEVER_STARTED, command=[], name=_container_name("status"),
-                network_disabled=True, host_config=self._api.create_host_config(network_mode="none"),
-                platform=self.platform,
-            )
-        except docker.errors.APIError as exc:
-            raise EnvironmentProblem(f"could not create a container from image {self.ref}: {_reason(exc)}") from exc
-        self._container = created["Id"]
-        return self
+            try:
+                created = self._api.create_container(
+                    info.id, entrypoint=NEVER_STARTED, command=[], name=self._name,
+                    network_disabled=True, host_config=self._api.create_host_config(network_mode="none"),
+                    platform=self.platform,
+                )
+            except docker.errors.APIError as exc:
+                raise EnvironmentProblem(f"could not create a container from image {self.ref}: {_reason(exc)}") from exc
+            self._container = created["Id"]
+            return self
+        except BaseException:
+            self._leave(quiet=True)
+            raise
 
     def __exit__(self, *exc: object) -> None:
-        container, self._container = self._container, None
-        if container is not None:
-            try:
-                self._api.remove_container(container, force=True, v=True)
-            except docker.errors.NotFound:
-                pass
+        self._leave()
+
+    def _leave(self, *, quiet: bool = False) -> None:
+        """Remove the container by its name (held or not; gone already is fine), then give
+        SIGTERM back. `quiet`: the error that ended the entry says more than the removal's."""
+        try:
+            if self._name is not None:
+                with self._term.deferred():  # a SIGTERM now would leave it: the removal finishes first
+                    try:
+                        self._api.remove_container(self._name, force=True, v=True)
+                    except docker.errors.NotFound:
+                        pass
+                    except Exception:
+                        if not quiet:
+                            raise
+                    self._name, self._container = None, None
+        finally:
+            self._term.__exit__(None, None, None)
 
     # --- the archive API --------------------------------------------------------------------
     def stat(self, path: str) -> dict[str, Any] | None:

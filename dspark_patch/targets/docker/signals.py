@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -56,6 +56,35 @@ class terminate_raises:
             signal.signal(signal.SIGTERM, _raise_exit)
             if held:
                 raise SystemExit(128 + held[0])  # the signal outranks what the block raised
+
+
+@contextmanager
+def terminate_sweeps(sweep: Callable[[], object]) -> Iterator[None]:
+    """While the block runs, SIGTERM runs `sweep` (the removal of this process's containers)
+    and then raises SystemExit(143) in the main thread.
+
+    For work on other threads (a fleet's image readers), where no `finally` of theirs can be
+    made to run at once: the main thread removes what they made, by name, wherever they are. A
+    second SIGTERM during the sweep ends the run at once; a sweep that fails (the engine gone)
+    still ends it. Only the main thread may install signal handlers; elsewhere the block just
+    runs."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_term(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGTERM, _raise_exit)
+        try:
+            sweep()
+        except Exception:  # noqa: BLE001 - the run ends either way; the next run's gc is left
+            pass
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _raise_exit(signum: int, frame: object) -> None:

@@ -7,6 +7,7 @@ names it.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from contextlib import AbstractContextManager
 
 from ...errors import DsparkPatchError
 from ..base import ImageInfo, PullCallback, PullPolicy
@@ -60,6 +61,9 @@ class DockerStore:
 
     def open_reader(self, ref: str, *, platform: str | None = None, image_id: str | None = None) -> reader.ImageReader:
         return reader.ImageReader(ref, engine=self.engine, platform=platform, image_id=image_id)
+
+    def removed_on_term(self) -> AbstractContextManager[None]:
+        return self.engine.removed_on_term()
 
     def save_views(self, image_ids: Sequence[str], distribution: str,
                    keep: Iterable[str] = (), cache: ScanCache | None = None) -> dict[str, LayerView | DsparkPatchError]:
