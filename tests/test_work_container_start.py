@@ -201,6 +201,7 @@ def test_a_sigterm_during_the_evaluate_servers_removal_waits_for_it() -> None:
 from pathlib import Path  # noqa: E402
 
 from dspark_patch.targets.base import ImageInfo  # noqa: E402
+from dspark_patch.targets.docker import client as client_module  # noqa: E402
 from dspark_patch.targets.docker import container as container_module  # noqa: E402
 from dspark_patch.targets.docker import emulation as emulation_module  # noqa: E402
 from dspark_patch.targets.docker import reader as reader_module  # noqa: E402
@@ -208,12 +209,12 @@ from dspark_patch.targets.docker import signals as signals_module  # noqa: E402
 from dspark_patch.targets.docker import target as target_module  # noqa: E402
 
 _OWN = {str(Path(m.__file__).resolve()) for m in (  # type: ignore[type-var]
-    container_module, signals_module, target_module, reader_module, emulation_module)}
+    client_module, container_module, signals_module, target_module, reader_module, emulation_module)}
 
 
 def _terminated_at_line(n: int, armed):  # type: ignore[no-untyped-def]
     """A trace hook that raises SIGTERM's SystemExit at the `n`-th line run in the tool's own
-    code (container.py, signals.py, target.py, reader.py, emulation.py) once `armed()` says the container exists.
+    code (client.py, container.py, signals.py, target.py, reader.py, emulation.py) once `armed()` says the container exists.
     `fired` says whether it did."""
     seen = [0]
     fired = [False]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import os
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -172,40 +172,33 @@ class DockerEngine:
         A container is left alone while the process that made it runs, when it was kept on
         purpose (unless `include_kept`), or when it was made on another host (unless
         `include_other_hosts`: its owner cannot be checked from here)."""
+        return self._remove_ours(lambda owner: (include_kept or not owner.kept)
+                                 and (owner.here or include_other_hosts)
+                                 and not (owner.here and owner.alive()))
+
+    def remove_own_containers(self) -> list[str]:
+        """Remove every container this process made (not kept ones); returns their names. What
+        a SIGTERM runs where the containers belong to other threads (`terminate_sweeps`): one
+        the engine refuses to remove is passed over, so that the others still go."""
+        return self._remove_ours(lambda owner: owner.mine and not owner.kept, refused_is_fine=True)
+
+    def _remove_ours(self, wanted: Callable[[Owner], bool], *, refused_is_fine: bool = False) -> list[str]:
+        """Remove the containers of ours whose owner (read from the name) is `wanted`; returns
+        their names. Gone already, or being removed by another run right now, is passed over."""
         removed = []
         for container_id, name in self.our_containers():
             owner = Owner.parse(name)
             assert owner is not None
-            if owner.kept and not include_kept:
-                continue
-            if not owner.here and not include_other_hosts:
-                continue
-            if owner.here and owner.alive():
+            if not wanted(owner):
                 continue
             try:
                 self.client.api.remove_container(container_id, force=True, v=True)
             except docker.errors.NotFound:
                 continue
             except docker.errors.APIError as exc:
-                if "already in progress" in str(exc):  # another run is collecting it right now
+                if refused_is_fine or "already in progress" in str(exc):  # another run is collecting it right now
                     continue
                 raise
-            removed.append(name)
-        return removed
-
-    def remove_own_containers(self) -> list[str]:
-        """Remove every container this process made (not kept ones); returns their names. What
-        a SIGTERM runs where the containers belong to other threads (`terminate_sweeps`). One
-        another thread is removing right now is left to it."""
-        removed = []
-        for container_id, name in self.our_containers():
-            owner = Owner.parse(name)
-            if owner is None or not owner.mine or owner.kept:
-                continue
-            try:
-                self.remove_container(container_id)
-            except docker.errors.APIError:
-                continue
             removed.append(name)
         return removed
 
@@ -243,30 +236,40 @@ class DockerEngine:
     ) -> Iterator[StartedContainer]:
         """Create and start a container of `image_id` (its own entrypoint, networking off);
         remove it when the block ends, however it ends (SIGTERM included)."""
-        # The name is made first and the removal is by name: a SIGTERM that lands after the
-        # engine made the container but before its answer is held here (create_container only
-        # covers its own call) still removes it.
-        name = container_name(role)
-        with terminate_raises() as term:
+        with removed_by_name(role, self.remove_container) as name:
             try:
-                try:
-                    container = self.create_container(
-                        image_id,
-                        name=name,
-                        command=list(command),
-                        environment=dict(env),
-                        device_requests=[docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])] if gpus else None,
-                    )
-                except docker.errors.ImageNotFound as exc:
-                    raise TargetNotFound(f"image {image_id} not found on the engine at {self.host}") from exc
-                handle = StartedContainer(container, image_id=image_id, gpus=gpus)
-                with handle.engine_errors():
-                    container.start()
-                yield handle
-            finally:
-                if not keep_requested():
-                    with term.deferred():  # a SIGTERM now would leave it: the removal finishes first
-                        self.remove_container(name)
+                container = self.create_container(
+                    image_id,
+                    name=name,
+                    command=list(command),
+                    environment=dict(env),
+                    device_requests=[docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])] if gpus else None,
+                )
+            except docker.errors.ImageNotFound as exc:
+                raise TargetNotFound(f"image {image_id} not found on the engine at {self.host}") from exc
+            handle = StartedContainer(container, image_id=image_id, gpus=gpus)
+            with handle.engine_errors():
+                container.start()
+            yield handle
+
+
+@contextmanager
+def removed_by_name(role: str, remove: Callable[[str], None]) -> Iterator[str]:
+    """A fresh name for a container of `role`, removed by it (`remove`) when the block ends,
+    however it ends, unless DSPARK_PATCH_KEEP_CONTAINER=1 keeps it.
+
+    The name is made first and the removal is by name: a SIGTERM (signals.py makes it
+    SystemExit) that lands after the engine made the container but before its answer was held
+    (create_container only covers its own call) still removes it, and one that lands during
+    the removal waits for it to finish."""
+    name = container_name(role)
+    with terminate_raises() as term:
+        try:
+            yield name
+        finally:
+            if not keep_requested():
+                with term.deferred():
+                    remove(name)
 
 
 class StartedContainer:

@@ -12,9 +12,7 @@ from __future__ import annotations
 import docker.errors
 
 from ...errors import EnvironmentProblem
-from .client import DockerEngine, reason
-from .naming import container_name, keep_requested
-from .signals import terminate_raises
+from .client import DockerEngine, reason, removed_by_name
 
 # `uname -m` (what the engine's info reports) -> the architecture images are labelled with.
 _ARCHITECTURES = {
@@ -57,24 +55,16 @@ def check_emulation(engine: DockerEngine, image_id: str, platform: str, python: 
     architecture = platform.split("/")[1] if "/" in platform else platform
     qemu = QEMU_NAMES.get(architecture, architecture)
     outcome = ""
-    name = container_name("emulation")
-    # The name is made first and the removal is by name, on every way out (a SIGTERM included:
-    # signals.py makes it SystemExit, and the removal under way finishes first).
-    with terminate_raises() as term:
-        try:
-            try:
-                container = engine.create_container(image_id, name=name, entrypoint=[python, "-c", "pass"],
-                                                    command=[], user="0")
-                container.start()
-                status = container.wait(timeout=120)
-                if int(status.get("StatusCode", 0)) != 0:
-                    outcome = container.logs(stdout=True, stderr=True).decode("utf-8", "replace")
-            finally:
-                if not keep_requested():
-                    with term.deferred():
-                        engine.remove_container(name)
-        except docker.errors.APIError as exc:
-            outcome = reason(exc)
+    try:
+        with removed_by_name("emulation", engine.remove_container) as name:
+            container = engine.create_container(image_id, name=name, entrypoint=[python, "-c", "pass"],
+                                                command=[], user="0")
+            container.start()
+            status = container.wait(timeout=120)
+            if int(status.get("StatusCode", 0)) != 0:
+                outcome = container.logs(stdout=True, stderr=True).decode("utf-8", "replace")
+    except docker.errors.APIError as exc:
+        outcome = reason(exc)
     if _EXEC_FORMAT in outcome.lower():
         raise NoEmulation(
             f"the engine at {engine.host} cannot run {platform} programs (exec format error): "
