@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import tarfile
-import time
 import uuid
 
 import docker
@@ -24,7 +23,7 @@ from dspark_patch.pipeline import LABEL_PREFIX
 from dspark_patch.report.audit_json import load_schema
 from dspark_patch.targets.docker import CONFIG_FIELDS, DockerEngine
 from tests.support.cli import SCRIPT, Result, run
-from tests.support.containers import on_host, our_containers
+from tests.support.containers import on_host, our_containers, signalled_when
 from tests.support.images import fixture_image, no_python_image, no_vllm_image
 
 pytestmark = pytest.mark.engine
@@ -266,29 +265,17 @@ def test_existing_tag_is_refused_before_any_work(client, source, tag, tmp_path):
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
 def test_a_run_killed_midway_leaves_no_tag_and_its_container_goes(sig, client, source, tag, tmp_path):
     host = f"dspark-test-{uuid.uuid4().hex[:12]}"
-    proc = subprocess.Popen(on_host(host, [str(SCRIPT), "apply", "--image", source, "--tag", tag,
-                                            "--report-dir", str(tmp_path / "r")]),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    pid, code, said = signalled_when(on_host(host, [str(SCRIPT), "apply", "--image", source, "--tag", tag,
+                                                    "--report-dir", str(tmp_path / "r")]),
+                                     lambda: our_containers(client), sig)
     try:
-        deadline = time.monotonic() + 120
-        while not our_containers(client):
-            assert proc.poll() is None and time.monotonic() < deadline, "the run never started a container"
-            time.sleep(0.1)
-        proc.send_signal(sig)
-        proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:  # the test failed before its signal: do not let the run tag later
-            proc.kill()
-            proc.wait()
-    said = proc.stderr.read().decode("utf-8", "replace") if proc.stderr else ""  # what the run said, for a failure
-    try:
-        assert proc.returncode != 0
+        assert code != 0
         assert not image_exists(client, tag)
         if sig == signal.SIGTERM:
             assert our_containers(client) == [], said  # cleaned up on the way out
         else:
             left = our_containers(client)
-            assert left and all(f"--{host}--{proc.pid}--" in name for name in left)  # SIGKILL: nothing could clean up ...
+            assert left and all(f"--{host}--{pid}--" in name for name in left)  # SIGKILL: nothing could clean up ...
             done = subprocess.run(on_host(host, [str(SCRIPT), "apply", "--image", source, "--dry-run", "--json",
                                                   "--report-dir", str(tmp_path / "next")]),
                                   capture_output=True, text=True, timeout=900)

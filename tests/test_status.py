@@ -310,7 +310,7 @@ def test_a_sigterm_during_status_ends_it_with_143_and_no_container_left(fleet: d
     # once and leave a Created container per image being read. Under a host name of its own
     # (support/containers.py), so that only this run's containers are counted.
     from tests.support.cli import SCRIPT
-    from tests.support.containers import on_host
+    from tests.support.containers import on_host, signalled_when
 
     host = f"dspark-test-{secrets.token_hex(6)}"
 
@@ -318,20 +318,8 @@ def test_a_sigterm_during_status_ends_it_with_143_and_no_container_left(fleet: d
         return [n for n in _status_containers_left() if f"--{host}--" in n]
 
     argv = [str(SCRIPT), "status", "--via", "container", "--jobs", "1", *(a for k in kinds for a in ("--image", fleet[k]))]
-    proc = subprocess.Popen(on_host(host, argv), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + 120
-        while not left():
-            assert proc.poll() is None and time.monotonic() < deadline, "the run never made a container"
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    said = proc.stderr.read().decode("utf-8", "replace") if proc.stderr else ""
-    assert proc.returncode == 143, said  # ended by the signal, as `docker` and `pip` end: 128 + 15
+    _, code, said = signalled_when(on_host(host, argv), left, signal.SIGTERM)
+    assert code == 143, said  # ended by the signal, as `docker` and `pip` end: 128 + 15
     assert "Traceback" not in said, said
     assert left() == [], said
 

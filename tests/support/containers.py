@@ -8,6 +8,10 @@ theirs, at work. One whose maker has exited, or is ours, counts.
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
 
 from dspark_patch.targets.docker import DockerEngine
 from dspark_patch.targets.docker.naming import Owner
@@ -45,3 +49,23 @@ def on_host(host: str, argv: list[str]) -> list[str]:
     (scripts/test runs the registry tiers on the same engine) leaves the killed run's container
     alone, so the run this test starts next is the one that finds it."""
     return ["unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', host, *argv]
+
+
+def signalled_when(argv: list[str], ready: Callable[[], object], sig: signal.Signals) -> tuple[int, int, str]:
+    """Run `argv`, send it `sig` once `ready()` holds (within 120 s, while it runs) and wait for
+    its end; returns its pid, exit status and stderr. A run still going after a failed check is
+    killed, so it cannot go on to tag or leave anything later."""
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while not ready():
+            assert proc.poll() is None and time.monotonic() < deadline, "the run never made a container"
+            time.sleep(0.05)
+        proc.send_signal(sig)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    said = proc.stderr.read().decode("utf-8", "replace") if proc.stderr else ""
+    return proc.pid, proc.returncode, said
