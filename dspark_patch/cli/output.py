@@ -158,8 +158,9 @@ def summary(report: AuditReport, report_dir: Path | None) -> None:
         against = f"against {i.reference}" if i.reference else "(no published wheel known to check against)"
         rows.append(("integrity", f"{i.checked} files checked {against}, {len(i.mismatched)} mismatched, "
                                   f"{len(i.missing)} missing, {len(i.added)} added, {len(i.record_disagrees)} RECORD rows "
-                                  f"disagree, {_bytecode(i)}, {len(i.not_checked)} outside the tree "
-                                  "not checked"))
+                                  f"disagree, {_bytecode(i)}, {len(i.installer_metadata)} installer files"
+                                  + (f" ({len(i.installer_findings)} not in an installer's shape)"
+                                     if i.installer_findings else "")))
     if report.layer:
         rows.append(("layer", f"{len(report.layer.changes)} changes" + ("" if report.layer.ok else f", {len(report.layer.unexpected)} unexpected")))
     if report.result_image:

@@ -129,7 +129,8 @@ def _table(fleet: FleetStatus) -> None:
             output.show_wide(f"{image.ref}: not read: {image.error}", markup=False)
         for label, paths in (("unexplained", image.unexplained), ("missing", image.missing), ("added", image.added),
                              ("vLLM no interpreter imports (not read)", image.unimported),
-                             ("RECORD disagrees with the wheel", image.record_disagrees), ("bytecode", image.bytecode)):
+                             ("RECORD disagrees with the wheel", image.record_disagrees), ("bytecode", image.bytecode),
+                             ("not in an installer's shape", image.installer_findings)):
             for path in paths:
                 output.show_wide(f"{image.ref}: {label}: {path}", markup=False)
         for line in image.unverified:

@@ -4,10 +4,12 @@ Usage: python -I -B -c SOURCE REQUEST_JSON, where the request is
   {"location": DIR, "folders": [the distribution's own top-level folders],
    "patched": [patched source paths, relative to location],
    "proofs": base64 of 16-byte proofs (optional, see below),
-   "hash": false to leave the files' sha256 to the host (optional, default true)}
+   "hash": false to leave the files' sha256 to the host (optional, default true),
+   "scripts": [RECORD rows of console scripts, relative to location, to read (optional)]}
 Prints {"files": {path: [sha256 or null, size]}, "others": [entries that are not regular files],
 "top_level": [names], "pth": {name: text (latin-1) or null}, "pth_listed": [names],
-"bytecode": {pyc path: why-not-or-""}, "identity", "proofs", "proofs_reused"}. The host (dspark_patch.references
+"bytecode": {pyc path: why-not-or-""}, "metadata", "scripts" (`installer_files`), "identity",
+"proofs", "proofs_reused"}. The host (dspark_patch.references
 `compare`) checks those facts against the published wheel; nothing here trusts the RECORD.
 
 Every entry is looked at with lstat first: a FIFO, socket, device or symlink is listed in
@@ -53,6 +55,9 @@ import stat
 import sys
 
 PTH_CAP = 64 * 1024
+# references/installer.py: the dist-info files an installer adds, and the cap of each read.
+METADATA_NAMES = ("INSTALLER", "REQUESTED", "direct_url.json", "uv_cache.json")
+META_CAP = 64 * 1024
 PYC_CAP = 64 << 20
 PROOF_BYTES = 16             # a proof: the first 128 bits of its sha256 (a second preimage costs 2**128)
 _PYC = re.compile(r"^(?P<stem>[^.]+)\.(?P<tag>[^.]+)(?:\.opt-(?P<opt>[12]))?\.pyc$")
@@ -374,6 +379,39 @@ def check_bytecode_all(location, files, patched, proofs=_NO_PROOFS, kept=None):
     return results
 
 
+def installer_files(location, files, rows):
+    """The bytes (latin-1 text) of every top-level dist-info's files named like installer
+    metadata (None: over META_CAP), and per console-script RECORD row the file it names: its
+    text, None where there is none, or {"why": …} where it is not a small regular file
+    (references/installer.py judges them; nothing here is trusted)."""
+    metadata = {}
+    for rel in files:
+        folder, _, name = rel.rpartition("/")
+        if name in METADATA_NAMES and folder.endswith(".dist-info") and "/" not in folder:
+            data = _read_regular(os.path.join(location, rel), META_CAP)
+            metadata[rel] = None if data is None or len(data) > META_CAP else data.decode("latin-1")
+    scripts = {}  # type: dict
+    for row in rows:
+        path = os.path.normpath(os.path.join(location, row))
+        try:
+            st = os.lstat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            scripts[row] = None
+            continue
+        except OSError as exc:
+            scripts[row] = {"why": f"unreadable ({exc.strerror})"}
+            continue
+        if stat.S_ISLNK(st.st_mode):
+            scripts[row] = {"why": "a symlink"}
+        elif not stat.S_ISREG(st.st_mode):
+            scripts[row] = {"why": "not a regular file"}
+        else:
+            data = _read_regular(path, META_CAP)
+            scripts[row] = {"why": f"over {META_CAP} bytes"} if data is None or len(data) > META_CAP \
+                else data.decode("latin-1")
+    return metadata, scripts
+
+
 def main(request):
     location = request["location"]
     files, others, kept = _walk(location, request["folders"], request.get("hash", True))
@@ -381,8 +419,10 @@ def main(request):
     patched = set(request.get("patched", []))
     proofs = _Proofs(request.get("proofs"))
     bytecode = check_bytecode_all(location, files, patched, proofs, kept)
+    metadata, scripts = installer_files(location, files, request.get("scripts", []))
     return {"files": files, "others": others, "top_level": top_level, "pth": pth, "pth_listed": pth_listed,
-            "bytecode": bytecode, "cache_tag": sys.implementation.cache_tag, **proofs.answer()}
+            "bytecode": bytecode, "cache_tag": sys.implementation.cache_tag, "metadata": metadata,
+            "scripts": scripts, **proofs.answer()}
 
 
 if __name__ == "__main__":

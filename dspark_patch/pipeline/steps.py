@@ -201,15 +201,17 @@ def check_integrity(target: Target, dist: Distribution, diff: Diff, variant: Var
     top = dist.name.replace("-", "_").lower()
     folders = own_folders(p for p, _ in record) | {top}
     folders |= references.folders_of(dist.name, dist.version)
-    request = {"location": dist.location, "folders": sorted(folders), "patched": py_files}
+    rows = references.script_rows(record, references.all_scripts(dist.name))
+    request = {"location": dist.location, "folders": sorted(folders), "patched": py_files, "scripts": list(rows)}
     doc, files, kept_answer = _integrity_answer(target, dist, request)
     try:
         pth = {str(k): (None if v is None else str(v).encode("latin-1")) for k, v in doc["pth"].items()}
         bytecode = {str(k): str(v) for k, v in doc["bytecode"].items()}
         reused = 0 if kept_answer else int(doc.get("proofs_reused", 0))
+        metadata = {str(k): (None if v is None else str(v).encode("latin-1")) for k, v in doc["metadata"].items()}
+        scripts = {str(k): _script_bytes(v) for k, v in doc["scripts"].items() if str(k) in rows}
     except (ValueError, KeyError, TypeError, AttributeError, IndexError):
         raise VerifyMismatch(f"the integrity check with {dist.python} answered without its facts") from None
-    not_checked = tuple(p for p, _ in record if p.startswith(("/", "../")) or "/../" in p)
     stale = tuple(f"{pyc} {why}" for pyc, why in sorted(bytecode.items()) if why)
     post: dict[str, set[str | None]] = {}
     if variant is not None:
@@ -217,16 +219,30 @@ def check_integrity(target: Target, dist: Distribution, diff: Diff, variant: Var
     wheel = references.wheel_hash(dist.name, dist.version, files)
     ref = references.find(dist.name, dist.version, wheel)
     if ref is None:
+        not_checked = tuple(p for p, _ in record if p.startswith(("/", "../")) or "/../" in p)
         return IntegrityReport(checked=0, not_checked=not_checked, stale_bytecode=stale, reference=None,
                                unverified=(references.no_reference(dist.name, dist.version, wheel),),
                                bytecode_checked=len(bytecode), bytecode_proofs_reused=reused, kept_answer=kept_answer)
     found = references.compare(ref, hashes=files, others=doc.get("others", ()), record=record, post_images=post,
-                               top_level=doc.get("top_level", ()), pth=pth, listed_anywhere=doc.get("pth_listed", ()))
+                               top_level=doc.get("top_level", ()), pth=pth, listed_anywhere=doc.get("pth_listed", ()),
+                               metadata=metadata, scripts=scripts)
+    # Rows outside the tree that were not read: a console script's row with no file there.
+    not_checked = tuple(p for p in rows if p not in found.installer and scripts.get(p, b"") is None)
     return IntegrityReport(
         checked=found.checked, mismatched=tuple(p for p in found.unexplained if p not in patched),
         missing=tuple(p for p in found.missing if p not in patched), not_checked=not_checked, stale_bytecode=stale,
         added=found.added, reference=ref.wheel, record_disagrees=found.record_disagrees, bytecode_checked=len(bytecode),
-        bytecode_proofs_reused=reused, kept_answer=kept_answer)
+        bytecode_proofs_reused=reused, kept_answer=kept_answer, installer_metadata=found.installer,
+        installer_findings=found.installer_findings)
+
+
+def _script_bytes(value: Any) -> references.ScriptBytes:
+    """inside/integrity.py's answer for one console script: text (latin-1), null, or {"why": …}."""
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        return str(value["why"])
+    return str(value).encode("latin-1")
 
 
 def _integrity_answer(target: Target, dist: Distribution,
@@ -257,7 +273,8 @@ def _answer_ok(doc: Any) -> bool:
     """The shape check_integrity reads: files (path -> [sha256, size]), pth, bytecode."""
     try:
         return all(isinstance(v[0], str) for v in doc["files"].values()) \
-            and isinstance(doc["pth"], dict) and isinstance(doc["bytecode"], dict)
+            and isinstance(doc["pth"], dict) and isinstance(doc["bytecode"], dict) \
+            and isinstance(doc["metadata"], dict) and isinstance(doc["scripts"], dict)
     except (KeyError, TypeError, AttributeError, IndexError):
         return False
 
@@ -317,7 +334,7 @@ def integrity_problems(i: IntegrityReport) -> list[str]:
             *(f"{p}: missing (the published wheel has it)" for p in i.missing),
             *(f"{p}: added (not in the published wheel)" for p in i.added),
             *(f"{p}: the RECORD row disagrees with the published wheel" for p in i.record_disagrees),
-            *i.stale_bytecode]
+            *i.installer_findings, *i.stale_bytecode]
 
 
 def check_base(run: RunLog, target: Target, dist: Distribution, diff: Diff, patchset: PatchSet, variant: Variant,

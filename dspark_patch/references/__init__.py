@@ -15,11 +15,17 @@ WHEEL that is in no reference, or a release with none, is "no reference": never 
 - every reference file must be there with the reference's sha256, or with a post-image a known
   patch set gives it (or absent where a patch set deletes it): else *unexplained* / *missing*;
 - in the distribution's own folders (the reference's top-level folders and any `<dist>-*.dist-info`),
-  a file the reference does not hold is *added*, except the installer's own files in the
-  dist-info (INSTALLER, REQUESTED, direct_url.json, RECORD), files a patch set adds, and the
+  a file the reference does not hold is *added*, except the installer's own metadata in the
+  dist-info (RECORD, and INSTALLER, REQUESTED, direct_url.json, uv_cache.json in the shape
+  references/installer.py accepts: listed as `installer`; in another shape, an
+  `installer_findings` line), files a patch set adds, and the
   cached bytecode of a module with a source (`__pycache__/m.<tag>[.opt-N].pyc`, proven apart:
   `verify` recompiles it, `status` checks its header); a sourceless `.pyc`, a symlink, a FIFO or
   any other non-regular entry is added;
+- a RECORD row outside the distribution's folders must be the console script of an entry point
+  the wheel declares, at a path an installer writes (references/installer.py); the file there,
+  where there is one, must be an installer's trampoline for that entry point. Anything else is
+  an `installer_findings` line;
 - at the site folder's top level, `sitecustomize.*` and `usercustomize.*` are added (`site`
   imports them at every start), and a `.pth` is added unless it is one we know by content
   (setuptools' `distutils-precedence.pth`) or it is listed in some distribution's RECORD and has
@@ -35,13 +41,17 @@ import gzip
 import json
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 
 from ..distname import filename_name
+from . import installer as installer_rules
 
-INSTALLER_FILES = frozenset({"INSTALLER", "REQUESTED", "direct_url.json", "RECORD"})
+INSTALLER_FILES = installer_rules.METADATA_FILES | {"RECORD"}
+# A console script's bytes as a view read them: bytes, None (no file there), or why it could not
+# be read ("a symlink", "over 65536 bytes").
+ScriptBytes = bytes | str | None
 # .pth files known by content: setuptools writes this one (its import line only adds a
 # distutils shim); the same bytes in every setuptools release since 49.
 KNOWN_PTH = {"distutils-precedence.pth": frozenset({"2638ce9e2500e572a5e0de7faed6661eb569d1b696fcba07b0dd223da5f5d224"})}
@@ -56,6 +66,7 @@ class Reference:
     release: str
     wheel: str                              # the wheel's file name
     files: Mapping[str, tuple[str, int]]    # path -> (sha256 hex, size)
+    scripts: Mapping[str, str] = field(default_factory=dict)  # console script name -> "module:attr"
 
     @property
     def folders(self) -> frozenset[str]:
@@ -72,7 +83,8 @@ class Reference:
 def _load(name: str) -> Reference:
     doc = json.loads(gzip.decompress(resources.files(__package__).joinpath(name).read_bytes()))
     return Reference(distribution=doc["distribution"], release=doc["release"], wheel=doc["wheel"],
-                     files={p: (h, int(n)) for p, (h, n) in doc["files"].items()})
+                     files={p: (h, int(n)) for p, (h, n) in doc["files"].items()},
+                     scripts={str(k): str(v) for k, v in doc.get("scripts", {}).items()})
 
 
 def shipped(distribution: str, release: str) -> list[str]:
@@ -116,6 +128,23 @@ class Comparison:
     missing: tuple[str, ...] = ()
     added: tuple[str, ...] = ()
     record_disagrees: tuple[str, ...] = ()
+    installer: tuple[str, ...] = ()            # the installer's own files, accepted by their shape
+    installer_findings: tuple[str, ...] = ()   # "path: why" for what is named like them and is not
+
+
+def script_rows(record: Iterable[tuple[str, str | None]], scripts: Mapping[str, str]) -> tuple[str, ...]:
+    """The RECORD rows a view reads the console script of (compare's `scripts`)."""
+    return tuple(path for path, _ in record if installer_rules.script_name(path, scripts) is not None)
+
+
+def all_scripts(distribution: str) -> dict[str, str]:
+    """Every console script any shipped reference of the distribution declares."""
+    prefix = f"{filename_name(distribution)}-"
+    found: dict[str, str] = {}
+    for entry in resources.files(__package__).iterdir():
+        if entry.name.startswith(prefix) and entry.name.endswith(".json.gz"):
+            found.update(_load(entry.name).scripts)
+    return found
 
 
 def bytecode_source(rel: str) -> str | None:
@@ -136,13 +165,16 @@ def pth_added(name: str, sha256: str | None, data: bytes | None, listed_anywhere
 def compare(ref: Reference, *, hashes: Mapping[str, str], others: Iterable[str] = (),
             record: Iterable[tuple[str, str | None]] = (), post_images: Mapping[str, set[str | None]] | None = None,
             top_level: Iterable[str] = (), pth: Mapping[str, bytes | None] | None = None,
-            listed_anywhere: Iterable[str] = ()) -> Comparison:
+            listed_anywhere: Iterable[str] = (), metadata: Mapping[str, bytes | None] | None = None,
+            scripts: Mapping[str, ScriptBytes] | None = None) -> Comparison:
     """The site folder against the reference (rules in the module doc).
 
     hashes: sha256 of every regular file in the distribution's own folders; others: the other
     entries there; record: the image's RECORD rows; post_images: per path, the contents known
     patch sets give it (None: deleted); top_level / pth: the site folder's top-level file names
-    and the bytes of its .pth files (None: too large to read)."""
+    and the bytes of its .pth files (None: too large to read); metadata: the bytes of the dist-info's
+    files named like installer metadata (None: not a regular file or over its cap); scripts: per
+    console-script row (`script_rows`), the file's bytes as a view read them (ScriptBytes)."""
     post = post_images or {}
     others = set(others)
     unexplained, missing = [], []
@@ -168,13 +200,22 @@ def compare(ref: Reference, *, hashes: Mapping[str, str], others: Iterable[str] 
         if path in ref.files:
             return True
         folder, _, name = path.rpartition("/")
-        if folder == info and name in INSTALLER_FILES:
+        if folder == info and name == "RECORD":
+            return True
+        if folder == info and name in installer_rules.METADATA_FILES:
+            why = installer_rules.metadata_problem(name, (metadata or {}).get(path))
+            if why is None:
+                accepted.append(path)
+            else:
+                findings.append(f"{path}: named as installer metadata, but {why}")
             return True
         if path in post:
             return True
         source = bytecode_source(path)
         return source is not None and (source in ref.files or path.startswith(top + "/") and source in post)
 
+    accepted: list[str] = []
+    findings: list[str] = []
     added = [p for p in hashes if own(p) and not explained(p)]
     added += [p for p in others if own(p) and p not in ref.files]
     listed = set(listed_anywhere)
@@ -191,8 +232,9 @@ def compare(ref: Reference, *, hashes: Mapping[str, str], others: Iterable[str] 
     rows: set[str] = set()
     for path, row_sha256 in record:
         rows.add(path)
-        if path.startswith(("/", "../")) or "/../" in path:
-            continue  # console scripts the installer wrote outside the site folder
+        if path.startswith(("/", "../")) or "/../" in path or not own(path):
+            findings += _outside_row(ref, path, scripts or {}, accepted)
+            continue
         folder, _, name = path.rpartition("/")
         if folder == info and name in INSTALLER_FILES:
             continue
@@ -205,7 +247,26 @@ def compare(ref: Reference, *, hashes: Mapping[str, str], others: Iterable[str] 
             disagrees.append(path)
     disagrees += [p for p in ref.files if p not in rows]
     return Comparison(checked=len(ref.files), unexplained=tuple(sorted(unexplained)), missing=tuple(sorted(missing)),
-                      added=tuple(sorted(set(added))), record_disagrees=tuple(sorted(set(disagrees))))
+                      added=tuple(sorted(set(added))), record_disagrees=tuple(sorted(set(disagrees))),
+                      installer=tuple(sorted(set(accepted))), installer_findings=tuple(sorted(set(findings))))
+
+
+def _outside_row(ref: Reference, path: str, scripts: Mapping[str, ScriptBytes], accepted: list[str]) -> list[str]:
+    """A RECORD row outside the distribution's folders: a console script of a declared entry
+    point, in an installer's shape (accepted), or a finding line."""
+    name = installer_rules.script_name(path, ref.scripts)
+    if name is None:
+        return [f"{path}: a RECORD row outside {ref.distribution}'s folders that is no console script it declares"]
+    if path not in scripts:
+        return [f"{path}: the console script was not read"]
+    data = scripts[path]
+    if data is None:
+        return []  # no file there: nothing runs from this row (pip --target's row points past the target)
+    why = data if isinstance(data, str) else installer_rules.script_problem(data, ref.scripts[name])
+    if why is not None:
+        return [f"{path}: not an installer's console script for {ref.scripts[name]} ({why})"]
+    accepted.append(path)
+    return []
 
 
 def _sha256(data: bytes) -> str:

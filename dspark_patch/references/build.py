@@ -6,7 +6,9 @@ The wheel's RECORD is cross-checked against the bytes in the zip: every member b
 be listed with its own sha256 and size, and every listed file must be a member; any
 disagreement stops with an error, so a reference is never taken from a wheel that lies about
 itself. The wheel's RECORD is left out of the reference (an installer rewrites it: it adds
-INSTALLER, REQUESTED, direct_url.json and the console scripts).
+INSTALLER, REQUESTED, direct_url.json and the console scripts). The console scripts the wheel
+declares (its entry_points.txt, `scripts`: name -> "module:attr") are kept, so that an installed
+script can be held to its entry point (references/installer.py).
 
 Output: `<name>-<version>-<python tag>-<abi tag>-<platform tag>.json.gz`, gzip with no
 timestamp, so the same wheel always gives the same bytes.
@@ -23,6 +25,8 @@ import json
 import sys
 import zipfile
 from pathlib import Path
+
+from .installer import entry_points
 
 
 class WheelDisagrees(Exception):
@@ -68,11 +72,13 @@ def reference_from_wheel(path: Path) -> dict:
         unlisted = sorted(set(listed) - set(files))
         if unlisted:
             raise WheelDisagrees(f"{path.name}: RECORD lists {unlisted[:3]} that the wheel does not hold")
+        points = record_name.replace("/RECORD", "/entry_points.txt")
+        scripts = entry_points(zf.read(points).decode("utf-8")) if points in files else {}
         wheel_tags = [line.split(":", 1)[1].strip() for line in
                       zf.read(record_name.replace("/RECORD", "/WHEEL")).decode("utf-8").splitlines()
                       if line.startswith("Tag:")]
     return {"distribution": name, "release": version, "tag": "-".join(tags), "wheel": path.name,
-            "wheel_tags": wheel_tags, "files": dict(sorted(files.items()))}
+            "wheel_tags": wheel_tags, "scripts": dict(sorted(scripts.items())), "files": dict(sorted(files.items()))}
 
 
 def encode(document: dict) -> bytes:

@@ -143,7 +143,8 @@ def check_cases(report: AuditReport) -> list[CheckCase]:
     i = report.integrity
     if i is not None:
         bad = [*i.unverified, *(f"differs: {p}" for p in i.mismatched), *(f"missing: {p}" for p in i.missing),
-               *(f"added: {p}" for p in i.added), *(f"RECORD row disagrees: {p}" for p in i.record_disagrees)]
+               *(f"added: {p}" for p in i.added), *(f"RECORD row disagrees: {p}" for p in i.record_disagrees),
+               *(f"installer file: {p}" for p in i.installer_findings)]
         cases.append(
             CheckCase(
                 group="integrity",

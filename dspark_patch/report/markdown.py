@@ -246,8 +246,10 @@ def to_markdown(report: AuditReport) -> str:
             ("❌ missing", i.missing),
             ("❌ added (not in the published wheel)", i.added),
             ("❌ RECORD rows that disagree with the published wheel", i.record_disagrees),
+            ("❌ named like the installer's files, but not in their shape", i.installer_findings),
             ("❌ bytecode", i.stale_bytecode),
-            ("not checked (outside the distribution's folder, never followed)", i.not_checked),
+            ("installer metadata (the installer's own files, accepted by their shape)", i.installer_metadata),
+            ("console-script rows with no file there (nothing to read)", i.not_checked),
         ):
             if paths:
                 lines += ["", f"{label}:", *(f"- {_code(x)}" for x in paths)]

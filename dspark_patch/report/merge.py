@@ -42,7 +42,7 @@ def _validator() -> jsonschema.Draft202012Validator:
 
 def image_from_dict(row: dict[str, Any]) -> ImageStatus:
     tuples = ("unexplained", "missing", "added", "unimported", "record_disagrees", "bytecode", "unverified",
-              "attested_detail")
+              "attested_detail", "installer_metadata", "installer_findings")
     return ImageStatus(
         ref=row["ref"], id=row["id"], platform=row["platform"], location=row["location"], release=row["release"],
         python=row["python"], patch_sets=tuple(row["patch_sets"].items()),

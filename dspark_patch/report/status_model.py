@@ -41,6 +41,8 @@ class ImageStatus:
     attested: tuple[tuple[str, AttestedState], ...] = ()  # with --key: per applied patch set
     attested_detail: tuple[str, ...] = ()  # why an attestation is missing or invalid, one line each
     exit_code: int = 0                    # 0 clean, 1 findings or no vLLM, 2 bad reference, 3 engine
+    installer_metadata: tuple[str, ...] = ()  # the installer's own files, accepted by their shape
+    installer_findings: tuple[str, ...] = ()  # "path: why": named like the installer's files, and not (a finding)
 
     @property
     def findings(self) -> bool:
@@ -48,7 +50,7 @@ class ImageStatus:
             return True  # no reference: nothing proves these files are the release's
         # A copy no interpreter imports is a finding too: apply refuses such an image and verify fails it.
         return bool(self.unexplained or self.missing or self.added or self.record_disagrees or self.bytecode
-                    or self.unimported) or any(
+                    or self.unimported or self.installer_findings) or any(
             state in ("partial", "drifted") for _, state in self.patch_sets) or any(
             state == "invalid" for _, state in self.attested)
 

@@ -25,6 +25,7 @@ def _row(image: ImageStatus) -> dict[str, Any]:
         "bytecode": list(image.bytecode), "unverified": list(image.unverified),
         "error": image.error, "exit_code": image.exit_code,
         "attested": dict(image.attested), "attested_detail": list(image.attested_detail),
+        "installer_metadata": list(image.installer_metadata), "installer_findings": list(image.installer_findings),
     }
 
 
@@ -88,7 +89,7 @@ def to_status_markdown(fleet: FleetStatus) -> str:
                      + (f" {_cell(attested)} |" if keyed else ""))
     for image in fleet.images:
         if image.error or image.unexplained or image.missing or image.added or image.record_disagrees or image.bytecode \
-                or image.unverified or image.attested_detail or image.unimported:
+                or image.unverified or image.attested_detail or image.unimported or image.installer_findings:
             lines += ["", f"### `{_cell(image.ref)}`", ""]
             if image.error:
                 lines.append(f"not read: {_cell(image.error)}")
@@ -96,7 +97,8 @@ def to_status_markdown(fleet: FleetStatus) -> str:
             lines += [f"- attestation: {_cell(d)}" for d in image.attested_detail]
             for label, paths in (("unexplained", image.unexplained), ("missing", image.missing), ("added", image.added),
                                  ("RECORD disagrees with the wheel", image.record_disagrees), ("bytecode", image.bytecode),
-                                 ("vLLM no interpreter imports (not read)", image.unimported)):
+                                 ("vLLM no interpreter imports (not read)", image.unimported),
+                                 ("named like the installer's files, but not in their shape", image.installer_findings)):
                 if paths:
                     lines += [f"{label}:", *(f"- `{p}`" for p in paths)]
     return "\n".join(lines) + "\n"
@@ -123,6 +125,7 @@ def to_status_junit(fleet: FleetStatus) -> str:
         detail += [f"added: {p}" for p in image.added]
         detail += [f"RECORD disagrees with the wheel: {p}" for p in image.record_disagrees]
         detail += [f"bytecode: {p}" for p in image.bytecode]
+        detail += [f"installer file: {p}" for p in image.installer_findings]
         detail += list(image.unverified)
         detail += [f"attested {pid}: {state}" for pid, state in image.attested]
         detail += [f"attestation: {d}" for d in image.attested_detail]
@@ -138,7 +141,8 @@ def to_status_junit(fleet: FleetStatus) -> str:
             bad += [f"{pid} attestation invalid" for pid, s in image.attested if s == "invalid"]
             message = "; ".join([*bad, *(f"{len(x)} {name}" for name, x in (
                 ("unexplained", image.unexplained), ("missing", image.missing), ("added", image.added),
-                ("RECORD rows disagree", image.record_disagrees), ("bytecode", image.bytecode)) if x)]
+                ("RECORD rows disagree", image.record_disagrees), ("bytecode", image.bytecode),
+                ("installer files not in an installer's shape", image.installer_findings)) if x)]
                 + [u for u in image.unverified if u.startswith("no reference")])
         ET.SubElement(case, tag, message=message).text = "\n".join(detail)
     ET.indent(suites)

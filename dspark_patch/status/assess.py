@@ -38,6 +38,8 @@ class Assessment:
     record_disagrees: tuple[str, ...] = ()
     bytecode: tuple[str, ...] = ()
     unverified: tuple[str, ...] = ()
+    installer: tuple[str, ...] = ()
+    installer_findings: tuple[str, ...] = ()
 
 
 def patch_set_state(patchset: PatchSet, site: SiteFiles) -> PatchSetState:
@@ -97,9 +99,11 @@ def assess(site: SiteFiles, patchsets: Iterable[PatchSet]) -> Assessment:
     ref = references.find(site.distribution, site.release, wheel)
     if ref is not None:
         found = references.compare(ref, hashes=site.hashes, others=site.others, record=site.record, post_images=post,
-                                   top_level=site.top_level, pth=site.pth, listed_anywhere=site.listed_anywhere)
+                                   top_level=site.top_level, pth=site.pth, listed_anywhere=site.listed_anywhere,
+                                   metadata=site.metadata, scripts=site.scripts)
         return Assessment(patch_sets=states, unexplained=found.unexplained, missing=found.missing, added=found.added,
                           reference=ref.wheel, record_disagrees=found.record_disagrees, bytecode=bytecode.findings,
+                          installer=found.installer, installer_findings=found.installer_findings,
                           unverified=tuple(unverified))
 
     # No reference: say so (never clean); the lists against the image's RECORD are a hint only.

@@ -76,7 +76,8 @@ def row_from_site(ref: str, site: SiteFiles, patchsets: Sequence[PatchSet], **ex
                       patch_sets=found.patch_sets, unexplained=found.unexplained, missing=found.missing,
                       added=found.added, unimported=site.unimported, reference=found.reference,
                       record_disagrees=found.record_disagrees, bytecode=found.bytecode,
-                      unverified=found.unverified, **extra)  # type: ignore[arg-type]
+                      unverified=found.unverified, installer_metadata=found.installer,
+                      installer_findings=found.installer_findings, **extra)  # type: ignore[arg-type]
     return replace(row, exit_code=1 if row.findings else 0)
 
 

@@ -14,6 +14,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 GO_DIR, GO_LINK = 1 << 31, 1 << 27       # Go's os.ModeDir and os.ModeSymlink
+# Go's os.ModeType: a path-stat mode with none of these bits is a regular file (Dir, Symlink,
+# NamedPipe, Socket, Device, CharDevice, Irregular).
+GO_TYPE = (1 << 31) | (1 << 27) | (1 << 25) | (1 << 24) | (1 << 26) | (1 << 21) | (1 << 19)
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # the engine's default
 # Where interpreters usually are when the config names none, most trusted first.
 COMMON_BINS = ("/opt/venv/bin", "/opt/conda/bin", "/venv/bin", "/usr/local/bin", "/usr/bin")
@@ -78,6 +81,6 @@ def is_link(stat: Mapping[str, Any] | None) -> bool:
     return stat is not None and bool(int(stat.get("mode", 0)) & GO_LINK)
 
 
-__all__ = ["COMMON_BINS", "COMMON_PREFIXES", "DEBIAN_DIST_PACKAGES", "DEFAULT_PATH", "GO_DIR", "GO_LINK",
+__all__ = ["COMMON_BINS", "COMMON_PREFIXES", "DEBIAN_DIST_PACKAGES", "DEFAULT_PATH", "GO_DIR", "GO_LINK", "GO_TYPE",
            "PYTHON_MINORS", "image_argv", "image_env", "is_dir", "is_link", "search_dirs", "site_candidates",
            "site_prefixes"]

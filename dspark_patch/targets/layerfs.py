@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import email.parser
 import functools
+import posixpath
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
@@ -28,7 +29,8 @@ from typing import Any, BinaryIO
 from ..distname import filename_name
 from ..errors import AmbiguousDistribution, BadInput, TargetNotFound, UnreadableLayout
 from ..inside.locate import RECORD_CAP, BadRecord, parse_record
-from ..references import PTH_CAP, STARTUP_MODULES, bytecode_source
+from ..references import PTH_CAP, STARTUP_MODULES, ScriptBytes, all_scripts, bytecode_source, script_rows
+from ..references.installer import METADATA_CAP, METADATA_FILES, SCRIPT_CAP
 from .layers import Entry, KeepPredicate, LayerView, scan_layer
 from .layers import merge as merge_scans
 from .layers.scan import Keep
@@ -56,6 +58,7 @@ def status_keep(distribution: str, keep_paths: Iterable[str] = ()) -> KeepPredic
     are kept so that status/bytecode.py can recompile them."""
     top = filename_name(distribution)
     kept = frozenset(keep_paths)
+    scripts = frozenset(all_scripts(distribution))
 
     def keep(path: str, kind: Kind) -> Keep:
         match = _SITE.match(path)
@@ -67,6 +70,10 @@ def status_keep(distribution: str, keep_paths: Iterable[str] = ()) -> KeepPredic
                 return ("capped", RECORD_CAP)
             if not sep and first.endswith(".pth"):
                 return ("capped", PTH_CAP)
+            if sep and _own(first, top) and first.endswith(".dist-info") and rest in METADATA_FILES:
+                return ("capped", METADATA_CAP)  # the installer's metadata: its shape is checked
+            if first == "bin" and rest in scripts:
+                return ("capped", SCRIPT_CAP)   # `uv pip install --target`'s console scripts
             if sep and _own(first, top):
                 rel = match["rel"]
                 return "facts+bytes" if rel in kept or bytecode_source(rel) in kept else "facts"
@@ -77,7 +84,7 @@ def status_keep(distribution: str, keep_paths: Iterable[str] = ()) -> KeepPredic
         if base == "pyvenv.cfg" or path == "etc/debian_version":
             return "bytes"
         if folder == "bin" or folder.endswith("/bin"):
-            return "head"
+            return ("capped", SCRIPT_CAP) if base in scripts else "head"
         return "name" if _LANDMARK.match(path) else None
 
     return keep
@@ -96,7 +103,8 @@ def status_keep_identity(distribution: str, keep_paths: Iterable[str] = ()) -> s
     sources = {name: (here / name).read_bytes()
                for name in ("layerfs.py", "facts.py", "layers/scan.py", "layers/tarstream.py")}
     return scan_identity("status_keep", __version__, filename_name(distribution), *sorted(set(keep_paths)),
-                         f"record_cap={RECORD_CAP}", f"pth_cap={PTH_CAP}", sources=sources)
+                         f"record_cap={RECORD_CAP}", f"pth_cap={PTH_CAP}", f"metadata_cap={METADATA_CAP}",
+                         f"script_cap={SCRIPT_CAP}", *sorted(all_scripts(distribution)), sources=sources)
 
 
 def folder_view(fileobj: BinaryIO, *, folder: str, where: str, distribution: str,
@@ -206,10 +214,33 @@ def site_files(view: LayerView, distribution: str, site: str) -> SiteFiles | Non
     record = tuple((path, sha) for path, sha, _ in _record_rows(records[own_infos[0]], f"{site}/{own_infos[0]}/RECORD"))
     listed = frozenset(row[0] for data in records.values() for row in _record_rows(data, "", strict=False))
     found = re.search(r"/python(3\.\d+)/", "/" + real + "/")
+    installer_meta = {rel: (None if entry.too_large else entry.data) for rel, entry in view.below(real)
+                if entry.kind == "file" and rel.partition("/")[0] in own_infos and rel.partition("/")[2] in METADATA_FILES}
+    scripts = {row: view_script(view, real, row) for row in script_rows(record, all_scripts(distribution))}
     return SiteFiles(location=site, distribution=str(meta["Name"] or distribution), release=str(meta["Version"] or ""),
                      python=found.group(1) if found else None, record=record, hashes=hashes,
                      others=tuple(sorted(others)), top_level=tuple(sorted(set(top_level))), listed_anywhere=listed,
-                     dist_infos=tuple(own_infos), **_extra_facts(view, real, lambda first: _own(first, top)))
+                     dist_infos=tuple(own_infos), metadata=installer_meta, scripts=scripts,
+                     **_extra_facts(view, real, lambda first: _own(first, top)))
+
+
+def view_script(view: LayerView, real: str, row: str) -> ScriptBytes:
+    """The console script a RECORD row of the site folder `real` (root-relative, links followed)
+    names, as the merged view holds it (references.ScriptBytes). The row's `..` are taken from
+    the real folder, as the kernel takes them."""
+    path = posixpath.normpath(posixpath.join("/" + real, row)).lstrip("/")
+    parent = view.resolve(posixpath.dirname(path) or "/")
+    own = posixpath.join(parent, posixpath.basename(path)) if parent else posixpath.basename(path)
+    entry = view.entries.get(own)
+    if entry is None:
+        return None
+    if entry.kind == "symlink":
+        return "a symlink"
+    if entry.kind != "file":
+        return "not a regular file"
+    if entry.too_large:
+        return f"over {SCRIPT_CAP} bytes"
+    return entry.data if entry.data is not None else "not read"
 
 
 def _record_rows(data: bytes, name: str, *, strict: bool = True) -> tuple[tuple[str, str | None, int | None], ...]:

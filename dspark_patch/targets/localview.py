@@ -17,9 +17,9 @@ from pathlib import Path
 
 from ..distname import canonical_name
 from ..errors import AmbiguousDistribution, TargetNotFound
-from ..inside.integrity import own_folders
+from ..inside.integrity import installer_files, own_folders
 from ..inside.locate import BadRecord, read_record_rows
-from ..references import PTH_CAP
+from ..references import PTH_CAP, all_scripts, script_rows
 from .facts import file_chunks, read_facts
 from .sitefiles import SiteFiles
 
@@ -121,7 +121,11 @@ def read_site(root: Path, distribution: str, *, keep: Iterable[str] = ()) -> Sit
         except (OSError, BadRecord):
             continue
     found = _PY_DIR.search(str(root))
+    metadata, scripts = installer_files(str(root), hashes, script_rows(record, all_scripts(name)))
     return SiteFiles(location=str(root), distribution=name, release=dist.version,
                      python=found.group(1) if found else None, record=record, hashes=hashes,
                      others=tuple(sorted(others)), top_level=tuple(sorted(top_level)), listed_anywhere=frozenset(listed),
-                     pth=pth, dist_infos=(info_dir.name,), pyc_headers=pyc_headers, sources=sources, kept=kept)
+                     pth=pth, dist_infos=(info_dir.name,), pyc_headers=pyc_headers, sources=sources, kept=kept,
+                     metadata={k: None if v is None else v.encode("latin-1") for k, v in metadata.items()},
+                     scripts={k: v["why"] if isinstance(v, dict) else None if v is None else v.encode("latin-1")
+                              for k, v in scripts.items()})

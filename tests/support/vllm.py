@@ -95,6 +95,25 @@ def _disk_tree(version: str) -> Path:
     return _made_once(CACHE / "trees" / f"vllm-{version}", f"tree-{version}", install) / "site-packages"
 
 
+def uv_tree(version: str) -> Path:
+    """A real `uv pip install --no-deps --target` of the wheel, made once: the installer of the
+    official vLLM images (INSTALLER `uv`, uv_cache.json, a `bin/vllm` RECORD row, no bytecode)."""
+    def install(dest: Path) -> None:
+        uv = Path(sys.executable).with_name("uv")
+        subprocess.run([str(uv), "pip", "install", "--quiet", "--no-deps", "--offline", "--no-cache",
+                        "--python", sys.executable, "--target", str(dest / "site-packages"), str(wheel(version))],
+                       check=True)
+
+    return _made_once(CACHE / "trees" / f"vllm-{version}-uv", f"tree-uv-{version}", install) / "site-packages"
+
+
+def uv_tree_copy(version: str, where: Path) -> Path:
+    """A fresh site-packages for one test: hard links into the cached uv install."""
+    where.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["cp", "-al", str(uv_tree(version)), str(where)], check=True)
+    return where
+
+
 def tree_copy(version: str, where: Path) -> Path:
     """A fresh site-packages for one test: hard links into the cached install."""
     src = installed_tree(version)

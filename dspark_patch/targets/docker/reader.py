@@ -43,6 +43,7 @@ import requests.exceptions
 
 from ...distname import filename_name
 from ...errors import DsparkPatchError, EnvironmentProblem, HostileLayer, TargetNotFound, UnreadableLayout
+from ...references.installer import SCRIPT_CAP
 from .. import imageconfig, interpreter
 from ..layerfs import folder_view, merge_scans, site_files, status_keep
 from ..layers import LayerScan, LayerView, TarStream, scan_layer
@@ -226,7 +227,23 @@ class ImageReader:
             raise TargetNotFound(f"{site}/{filename_name(distribution)} in image {self.ref} has no {distribution} dist-info "
                                  "(METADATA, RECORD)",
                                  hint="the package was not installed as a distribution; nothing to check it against")
-        return replace(found, location=site)
+        # The folder's tar holds no console script outside it: each is read through the engine.
+        scripts = {row: self._script(posixpath.normpath(posixpath.join(real, row))) for row in found.scripts}
+        return replace(found, location=site, scripts=scripts)
+
+    def _script(self, path: str) -> bytes | str | None:
+        """A console script as the engine's path-stat and archive give it (references.ScriptBytes)."""
+        found = self.stat(path)
+        if found is None:
+            return None
+        if imageconfig.is_link(found):
+            return "a symlink"
+        if int(found.get("mode", 0)) & imageconfig.GO_TYPE:
+            return "not a regular file"
+        if int(found.get("size", 0)) > SCRIPT_CAP:
+            return f"over {SCRIPT_CAP} bytes"
+        data = self.read_small(path, SCRIPT_CAP)
+        return data if data is not None else "not read"
 
 
 def _engine_url(api: docker.APIClient, path: str) -> str:
