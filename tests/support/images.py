@@ -84,3 +84,14 @@ SHAPES = ("trixie-venv", "two-pythons", "non-writable", "no-shell")
 def fixture_032_image() -> str:
     """The serving image with the real vLLM 0.32.0 wheel and CPU torch (issue 18)."""
     return built_images()["vllm-fixture-0.32.0"]
+
+
+def official_image() -> str:
+    """The official image's shape (images/vllm-official): the real vLLM 0.33.0 wheel and torch
+    installed by uv (`uv pip install --system`), no bytecode, USER 2000 with GID 0, `vllm serve`."""
+    return built_images()["vllm-official"]
+
+
+def official_032_image() -> str:
+    """The same recipe on the real vLLM 0.32.0 wheel."""
+    return built_images()["vllm-official-0.32.0"]
