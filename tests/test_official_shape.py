@@ -2,7 +2,9 @@
 
 `vllm/vllm-openai` installs vLLM with `uv pip install --system` and runs as uid 2000 (gid 0) in
 its non-root variant, where dist-packages is not writable. images/vllm-official is built that
-way, offline, from the real wheels (0.33.0 and 0.32.0). What a user of such an image must see:
+way, offline, from the real wheels (0.33.0 and 0.32.0), and so are the census's two images with
+vLLM in two layers (0.32.0 upgraded to 0.33.0 by a later `uv pip install -U`, and 0.33.0
+reinstalled over itself). What a user of such an image must see:
 the pristine image reads `absent` with nothing added (both status routes), `apply` writes one
 layer and keeps the image's user and entrypoint, `verify` passes, the result reads `applied`, and
 the image's own user imports the patched `vllm.envs` from the bytecode `apply` wrote (it cannot
@@ -21,7 +23,13 @@ import pytest
 from dspark_patch.patchset import resolve
 from tests.support.cli import run
 from tests.support.containers import our_containers
-from tests.support.images import fixture_image, official_032_image, official_image
+from tests.support.images import (
+    fixture_image,
+    official_032_image,
+    official_image,
+    official_reinstalled_image,
+    official_upgraded_image,
+)
 
 pytestmark = pytest.mark.engine
 
@@ -51,7 +59,11 @@ def _pyc_in_site(client: docker.DockerClient, image: str) -> list[str]:
     return out.decode().split()
 
 
-@pytest.mark.parametrize("release, source", [("0.33.0", official_image), ("0.32.0", official_032_image)])
+@pytest.mark.parametrize("release, source", [
+    ("0.33.0", official_image), ("0.32.0", official_032_image),
+    # the census's image rows (docs/installers.md): vLLM in two layers
+    ("0.33.0", official_upgraded_image), ("0.33.0", official_reinstalled_image),
+], ids=["0.33.0", "0.32.0", "upgraded-in-a-later-layer", "reinstalled-in-a-later-layer"])
 def test_apply_verify_and_status_on_the_official_shape(release: str, source: Callable[[], str], tmp_path: Path) -> None:
     client = docker.from_env()
     image = source()

@@ -95,3 +95,14 @@ def official_image() -> str:
 def official_032_image() -> str:
     """The same recipe on the real vLLM 0.32.0 wheel."""
     return built_images()["vllm-official-0.32.0"]
+
+
+def official_upgraded_image() -> str:
+    """vllm-official-0.32.0 with `uv pip install --system -U` of the real 0.33.0 wheel in a later
+    layer (0.32.0's dist-info and dropped files whited out)."""
+    return built_images()["vllm-official-upgraded"]
+
+
+def official_reinstalled_image() -> str:
+    """vllm-official (0.33.0) with the same wheel reinstalled in a later layer."""
+    return built_images()["vllm-official-reinstalled"]

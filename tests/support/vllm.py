@@ -114,6 +114,53 @@ def uv_tree_copy(version: str, where: Path) -> Path:
     return where
 
 
+# How real users install a wheel, each made once per release by the real installer (the shape
+# census, docs/installers.md): the folder the installer made (its root) and the site folder in it.
+PY_DIR = f"python{sys.version_info[0]}.{sys.version_info[1]}"
+INSTALLS: dict[str, tuple[list[str], str]] = {
+    # name: (the install command, {root} for its folder, {wheel}; the site folder under the root)
+    "pip --target": (["{py}", "-m", "pip", "install", "--target", "{root}", "{wheel}"], "."),
+    "uv --target": (["{uv}", "pip", "install", "--python", "{py}", "--target", "{root}", "{wheel}"], "."),
+    "pip --prefix": (["{py}", "-m", "pip", "install", "--prefix", "{root}", "{wheel}"], f"lib/{PY_DIR}/site-packages"),
+    "uv --prefix": (["{uv}", "pip", "install", "--python", "{py}", "--prefix", "{root}", "{wheel}"],
+                    f"lib/{PY_DIR}/site-packages"),
+    "pip --user": (["env", "PYTHONUSERBASE={root}", "{base}", "-m", "pip", "install", "--user", "{wheel}"],
+                   f"lib/{PY_DIR}/site-packages"),
+    "pip in a venv": (["sh", "-c", '"$0" -m venv "$1" && "$1/bin/python" -m pip install -q --no-deps "$2"',
+                       "{base}", "{root}", "{wheel}"], f"lib/{PY_DIR}/site-packages"),
+    "uv in a venv": (["sh", "-c", '"$0" venv -q --python "$1" "$2" && VIRTUAL_ENV="$2" "$0" pip install -q --no-deps "$3"',
+                      "{uv}", "{base}", "{root}", "{wheel}"], f"lib/{PY_DIR}/site-packages"),
+}
+
+
+def installed_by(how: str, version: str) -> Path:
+    """The site folder of a real install of the wheel by `how` (INSTALLS), made once."""
+    command, site = INSTALLS[how]
+    slug = how.replace(" ", "").replace("-", "")
+
+    def install(dest: Path) -> None:
+        # pip and uv as a user runs them: the venv's, the checkout's pinned uv, and the base
+        # interpreter (its own pip) where a venv's pip refuses (--user) or a fresh venv is made.
+        values = {"py": sys.executable, "uv": str(Path(sys.executable).with_name("uv")), "base": sys._base_executable,
+                  "root": str(dest / "root"), "wheel": str(wheel(version))}
+        argv = [part.format(**values) for part in command]
+        if argv[0] != "sh":
+            argv += ["--no-deps", "--quiet"]
+        env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONUSERBASE")}
+        subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, env={**env, "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
+
+    return _made_once(CACHE / "trees" / f"vllm-{version}-{slug}", f"tree-{slug}-{version}", install) / "root" / site
+
+
+def installed_copy(how: str, version: str, where: Path) -> Path:
+    """A fresh hard-link copy of `installed_by(how, version)`'s whole root; its site folder."""
+    site = installed_by(how, version)
+    root = next(p for p in site.parents if p.name == "root")
+    where.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["cp", "-al", str(root), str(where / "root")], check=True)
+    return where / "root" / site.relative_to(root)
+
+
 def tree_copy(version: str, where: Path) -> Path:
     """A fresh site-packages for one test: hard links into the cached install."""
     src = installed_tree(version)
