@@ -79,6 +79,8 @@ def test_apply_verify_and_status_on_the_uv_tree(uv033: Path, tmp_path: Path) -> 
     assert res.returncode == 0, res.stderr
     assert res.json["status"] == "verified"
     assert res.json["integrity"]["bytecode_checked"] == len(VARIANT.files)
+    modules = sum(1 for _ in uv033.rglob("*.py"))
+    assert res.json["integrity"]["modules_without_bytecode"] == modules - len(VARIANT.files)
 
     res = run("status", "--root", str(uv033), "--json")
     assert res.returncode == 0, res.stdout

@@ -217,9 +217,10 @@ def print_text(text: str) -> None:
 
 
 def _bytecode(i) -> str:
+    without = f", {i.modules_without_bytecode} modules without bytecode" if i.modules_without_bytecode else ""
     if i.kept_answer:
-        return f"{i.bytecode_checked} .pyc proven (this image's answer, kept by its id from an earlier check)"
+        return f"{i.bytecode_checked} .pyc proven (this image's answer, kept by its id from an earlier check){without}"
     if i.bytecode_proofs_reused:
         fresh = i.bytecode_checked - i.bytecode_proofs_reused
-        return f"{i.bytecode_checked} .pyc proven ({i.bytecode_proofs_reused} by a kept proof, {fresh} recompiled)"
-    return f"{i.bytecode_checked} .pyc recompiled"
+        return f"{i.bytecode_checked} .pyc proven ({i.bytecode_proofs_reused} by a kept proof, {fresh} recompiled){without}"
+    return f"{i.bytecode_checked} .pyc recompiled{without}"

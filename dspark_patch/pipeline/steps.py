@@ -226,6 +226,8 @@ def check_integrity(target: Target, dist: Distribution, diff: Diff, variant: Var
     found = references.compare(ref, hashes=files, others=doc.get("others", ()), record=record, post_images=post,
                                top_level=doc.get("top_level", ()), pth=pth, listed_anywhere=doc.get("pth_listed", ()),
                                metadata=metadata, scripts=scripts)
+    tag = str(doc.get("cache_tag", ""))
+    without = sum(1 for p in files if p.endswith(".py") and _cached_name(p, tag) not in files)
     # Rows outside the tree that were not read: a console script's row with no file there.
     not_checked = tuple(p for p in rows if p not in found.installer and scripts.get(p, b"") is None)
     return IntegrityReport(
@@ -233,7 +235,13 @@ def check_integrity(target: Target, dist: Distribution, diff: Diff, variant: Var
         missing=tuple(p for p in found.missing if p not in patched), not_checked=not_checked, stale_bytecode=stale,
         added=found.added, reference=ref.wheel, record_disagrees=found.record_disagrees, bytecode_checked=len(bytecode),
         bytecode_proofs_reused=reused, kept_answer=kept_answer, installer_metadata=found.installer,
-        installer_findings=found.installer_findings)
+        installer_findings=found.installer_findings, modules_without_bytecode=without)
+
+
+def _cached_name(source: str, tag: str) -> str:
+    """a/m.py -> a/__pycache__/m.<tag>.pyc (importlib.util.cache_from_source, for another interpreter)."""
+    folder, _, name = source.rpartition("/")
+    return f"{folder + '/' if folder else ''}__pycache__/{name[:-3]}.{tag}.pyc"
 
 
 def _script_bytes(value: Any) -> references.ScriptBytes:

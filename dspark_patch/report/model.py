@@ -147,6 +147,9 @@ class IntegrityReport:
     # (references/installer.py), and "path: why" for files named like them that are not.
     installer_metadata: tuple[str, ...] = ()
     installer_findings: tuple[str, ...] = ()
+    # Modules (.py) the interpreter has no bytecode of: uv compiles none, and a user who cannot
+    # write __pycache__ compiles them at every start. Not a finding; said so the report shows it.
+    modules_without_bytecode: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
