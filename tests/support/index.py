@@ -39,8 +39,7 @@ PLATFORMS = ({"architecture": "amd64", "os": "linux"}, {"architecture": "arm64",
 
 
 @functools.cache
-def arm64_fixture_image() -> str:
-    """The linux/arm64 serving image (the real vLLM aarch64 wheel, Debian's CPU torch)."""
+def _arm64_images() -> dict[str, str]:
     done = subprocess.run(
         [str(ROOT / "scripts" / "build-arm64-fixture")], capture_output=True, text=True, check=False
     )
@@ -48,8 +47,18 @@ def arm64_fixture_image() -> str:
         raise RuntimeError(
             f"scripts/build-arm64-fixture failed (exit {done.returncode}):\n{done.stderr[-4000:]}"
         )
-    refs = dict(line.partition(" ")[::2] for line in done.stdout.splitlines())
-    return refs["vllm-fixture-arm64"]
+    return dict(line.partition(" ")[::2] for line in done.stdout.splitlines())
+
+
+def arm64_fixture_image() -> str:
+    """The linux/arm64 serving image (the real vLLM aarch64 wheel, Debian's CPU torch)."""
+    return _arm64_images()["vllm-fixture-arm64"]
+
+
+def arm64_official_image() -> str:
+    """The official image's shape on linux/arm64: the aarch64 wheel laid out by `uv pip install
+    --system`, no bytecode, USER 2000 (gid 0), `vllm serve` (scripts/build-arm64-fixture)."""
+    return _arm64_images()["vllm-official-arm64"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -103,12 +112,14 @@ def _attestation(registry: Registry, repository: str, subject: Manifest) -> dict
 
 
 def publish_index(registry_host: str, *, repository: str = "dspark-patch/vllm-fixture",
-                  tag: str = "0.33.0", kind: str = DOCKER_LIST, attestation: bool = False) -> PublishedIndex:
-    """Push both fixture images and an index of `kind` naming them; returns the index."""
+                  tag: str = "0.33.0", kind: str = DOCKER_LIST, attestation: bool = False,
+                  sources: tuple[str, str] | None = None) -> PublishedIndex:
+    """Push both fixture images (or `sources`: an amd64 and an arm64 image) and an index of
+    `kind` naming them; returns the index."""
     base = f"{registry_host}/{repository}"
     registry = Registry(registry_host)
     images = []
-    for local, platform in zip((fixture_image(), arm64_fixture_image()), PLATFORMS):
+    for local, platform in zip(sources or (fixture_image(), arm64_fixture_image()), PLATFORMS):
         remote = f"{base}:{tag}-{platform['architecture']}"
         # Both images are gigabytes: the engine pushes them once (tests/support/seed.py).
         put_image(local, remote)
