@@ -97,6 +97,20 @@ class UnimportedCopy(CheckFailed):
     kind = "unimported-copy"
 
 
+class RunsFirst(CheckFailed):
+    """`status`, `verify`, `apply`: the image, started as its config says (entrypoint, USER,
+    WORKDIR, Env), imports something else before the checked distribution or runs a start-up
+    hook (targets/runtime.py): what was checked is not what runs."""
+
+    kind = "runs-first"
+
+
+def runs_first_message(ref: str, distribution: str, lines: list[str]) -> RunsFirst:
+    """The one error for what an image runs before its checked distribution (runtime.runs_first)."""
+    return RunsFirst(f"image {ref} runs other code before the {distribution} that was checked: " + "; ".join(lines),
+                     hint="remove it from the image (or from its Env/entrypoint); the verdict is about what runs")
+
+
 class EvaluationFailed(CheckFailed):
     kind = "evaluation-failed"
 

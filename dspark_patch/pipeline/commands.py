@@ -17,7 +17,16 @@ from ..patching.plan import plan_patch
 from ..patchset import PatchSet, Variant, resolve
 from ..report.model import AuditReport, FileReport, ImageRecord
 from ..targets.base import Distribution, ImageCapable, PullCallback, Target
-from .image_steps import LayerCheck, check_labels, commit_image, refuse_unimported, take_layer, unimported_copies
+from .image_steps import (
+    LayerCheck,
+    check_labels,
+    commit_image,
+    refuse_runs_first,
+    refuse_unimported,
+    runs_first,
+    take_layer,
+    unimported_copies,
+)
 from .requests import ApplyRequest, ImageSpec, LocalSpec, ProbeRequest, TargetSpec, VerifyRequest
 from .runlog import RunLog, StepCallback, target_report, with_distribution
 from .steps import (
@@ -134,6 +143,7 @@ def _apply(request: ApplyRequest, target: Target, run: RunLog) -> AuditReport:
         image.target.refuse_existing_tag(image.spec.tag, force=image.spec.force)
     if image is not None:
         refuse_unimported(image.target, dist, run)
+        refuse_runs_first(image.target, dist, run)
     layers = LayerCheck(image.target, patchset.distribution) if image is not None else None
     try:
         return _patch(request, target, run, image=image, early=early, patchset=patchset, dist=dist, variant=variant,
@@ -258,6 +268,7 @@ def _verify(request: VerifyRequest, target: Target, run: RunLog) -> AuditReport:
         copy = unimported_copies(target, dist, run)
         if copy is not None:
             problems.append(copy)
+        problems[:0] = runs_first(target, dist, run)  # first: what runs decides what the rest means
         with run.step("labels"):
             problems += check_labels(target, variant, patchset)
 

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from .. import __version__
-from ..errors import LayerMismatch, UnimportedCopy
+from ..errors import LayerMismatch, UnimportedCopy, runs_first_message
 from ..imageref import ImageRef
 from ..patching.plan import FilePlan, PatchPlan
 from ..patchset import PatchSet, Variant, available
@@ -36,6 +36,27 @@ def unimported_copies(target: ImageCapable, dist: Distribution, run: RunLog) -> 
         return None
     return (f"{', '.join(f'{s}/{dist.name}' for s in others)}: a copy of {dist.name} that no interpreter of the image "
             f"imports (the one that runs is at {dist.location})")
+
+
+def runs_first(target: ImageCapable, dist: Distribution, run: RunLog) -> list[str]:
+    """What the image, started as its config says, runs before or instead of the checked
+    distribution (targets/runtime.py: its script folder, working dir, PYTHONPATH, user site,
+    start-up hooks), one line each. `apply` refuses such an image, `verify` fails it."""
+    with run.step("runtime"):
+        return list(target.runs_first(dist.name, dist.location, _minor(dist.python_version)))
+
+
+def _minor(version: str | None) -> str | None:
+    parts = (version or "").split(".")
+    return ".".join(parts[:2]) if len(parts) >= 2 and all(p.isdigit() for p in parts[:2]) else None
+
+
+def refuse_runs_first(target: ImageCapable, dist: Distribution, run: RunLog) -> None:
+    """`apply`, before anything is written: an image that runs other code first is refused."""
+    found = runs_first(target, dist, run)
+    if found:
+        error = runs_first_message(run.draft.target.ref, dist.name, found)
+        raise type(error)(error.message + "; nothing was written", hint=error.hint)
 
 
 def refuse_unimported(target: ImageCapable, dist: Distribution, run: RunLog) -> None:

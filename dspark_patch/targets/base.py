@@ -208,6 +208,11 @@ class ImageCapable(Target, Protocol):
         image imports it from (a decoy, a stale second install); after `locate`."""
         ...
 
+    def runs_first(self, distribution: str, location: str, python: str | None) -> tuple[str, ...]:
+        """What the image, started as its config says, runs before or instead of the
+        distribution at `location`, one line each (targets/runtime.py); after `locate`."""
+        ...
+
     def refuse_existing_tag(self, tag: str, *, force: bool) -> None:
         """Raise TagExists when `tag` exists and `force` is not given."""
         ...

@@ -27,7 +27,7 @@ from dataclasses import replace
 from typing import Any, BinaryIO
 
 from ..distname import filename_name
-from ..errors import AmbiguousDistribution, BadInput, TargetNotFound, UnreadableLayout
+from ..errors import AmbiguousDistribution, BadInput, TargetNotFound, UnreadableLayout, runs_first_message
 from ..inside.locate import RECORD_CAP, BadRecord, parse_record
 from ..references import PTH_CAP, STARTUP_MODULES, ScriptBytes, all_scripts, bytecode_source, script_rows
 from ..references.installer import METADATA_CAP, METADATA_FILES, SCRIPT_CAP
@@ -35,12 +35,17 @@ from .layers import Entry, KeepPredicate, LayerView, scan_layer
 from .layers import merge as merge_scans
 from .layers.scan import Keep
 from .layers.tarstream import Kind
+from .runtime import runs_first
 from .sitefiles import SiteFiles
 
 _SITE = re.compile(r"^(?P<site>(?:[^/]+/)*lib(?:64)?/python3(?:\.\d+)?/(?:site|dist)-packages)/(?P<rel>.+)$")
 _LIB_DIR = re.compile(r"^(?:[^/]+/)*lib(?:64)?/python3(?:\.\d+)?(?:/(?:site|dist)-packages)?$")
 _LANDMARK = re.compile(r"^(?:[^/]+/)*lib(?:64)?/python3\.\d+/os\.py$")
 _MODULE_FILE = re.compile(r"^(?P<name>[^./]+)(?:\..*)?\.(?:py|pyc|so|pyd)$")
+# targets/runtime.py's questions, kept by name wherever they are: module files of start-up hooks
+# (and of the distribution, below), and the bytes of Debian's sitecustomize.
+_STARTUP_PACKAGES = ("sitecustomize", "usercustomize", "apport_python_hook")
+_SITECUSTOMIZE = re.compile(r"^(?:etc/python3\.\d+|usr/lib/python3\.\d+)/sitecustomize\.py$")
 
 __all__ = ["Entry", "LayerView", "find_site", "folder_view", "merge_scans", "site_files", "status_keep",
            "status_keep_identity"]
@@ -78,9 +83,14 @@ def status_keep(distribution: str, keep_paths: Iterable[str] = ()) -> KeepPredic
                 rel = match["rel"]
                 return "facts+bytes" if rel in kept or bytecode_source(rel) in kept else "facts"
             return "name"
-        if kind == "dir":
-            return "name" if _LIB_DIR.match(path) else None
         folder, _, base = path.rpartition("/")
+        if kind == "dir":
+            return "name" if _LIB_DIR.match(path) or base in (top, *_STARTUP_PACKAGES) else None
+        if path == "etc/passwd" or _SITECUSTOMIZE.match(path):
+            return ("capped", 1 << 16)   # targets/runtime.py: the USER's HOME, Debian's start-up hook
+        if (base.split(".", 1)[0] in (top, *_STARTUP_PACKAGES) and base.endswith((".py", ".pyc", ".so"))) \
+                or (base == "__init__.py" and folder.rpartition("/")[2] in (top, *_STARTUP_PACKAGES)):
+            return "name"                # what `import` takes before the site folder (targets/runtime.py)
         if base == "pyvenv.cfg" or path == "etc/debian_version":
             return "bytes"
         if folder == "bin" or folder.endswith("/bin"):
@@ -163,6 +173,10 @@ def find_site(view: LayerView, distribution: str, config: Mapping[str, Any], ref
         raise TargetNotFound(f"{site}/{filename_name(distribution)} in image {ref} has no {distribution} dist-info "
                              "(METADATA, RECORD)",
                              hint="the package was not installed as a distribution; nothing to check it against")
+    first = runs_first(config, view.stat, read_small, site=site, python=found.python or chosen.python,
+                       distribution=distribution)
+    if first:
+        raise runs_first_message(ref, distribution, first)
     others = tuple(s for s in everywhere(view, distribution) if view.resolve(s) != view.resolve(site))
     return replace(found, python=found.python or chosen.python, unimported=others)
 

@@ -42,13 +42,21 @@ import docker.errors
 import requests.exceptions
 
 from ...distname import filename_name
-from ...errors import DsparkPatchError, EnvironmentProblem, HostileLayer, TargetNotFound, UnreadableLayout
+from ...errors import (
+    DsparkPatchError,
+    EnvironmentProblem,
+    HostileLayer,
+    TargetNotFound,
+    UnreadableLayout,
+    runs_first_message,
+)
 from ...references.installer import SCRIPT_CAP
 from .. import imageconfig, interpreter
 from ..layerfs import folder_view, merge_scans, site_files, status_keep
 from ..layers import LayerScan, LayerView, TarStream, scan_layer
 from ..layers.cache import ScanCache
 from ..layers.tarstream import BLOCK
+from ..runtime import runs_first
 from ..sitefiles import SiteFiles
 from ..sitepath import choose_site, interpreter_sites
 
@@ -212,6 +220,10 @@ class ImageReader:
         paths = interpreter_sites(self._config, self.stat, read_head, self.read_small)
         chosen, site = choose_site(self.ref, distribution, paths, holds, everywhere)
         found = self._read(site, distribution, keep)
+        first = runs_first(self._config, self.stat, self.read_small, site=site, python=found.python or chosen.python,
+                           distribution=distribution)
+        if first:
+            raise runs_first_message(self.ref, distribution, first)
         others = tuple(s for s in everywhere() if s != site)
         return replace(found, python=found.python or chosen.python, unimported=others)
 

@@ -33,7 +33,7 @@ from ...errors import (
 )
 from ...inside import ISOLATED
 from ...inside import source as inside_source
-from .. import imageconfig, interpreter, kept
+from .. import imageconfig, interpreter, kept, runtime
 from ..base import (
     HANDSHAKE_PREFIX,
     CommittedImage,
@@ -325,6 +325,24 @@ class ImageTarget:
         self._located |= {r.interpreter.path for r in results}
         self._imported |= {posixpath.normpath(str(r.found["location"])) for r in results
                            if r.found.get("found") and r.found.get("location")}
+
+    def runs_first(self, distribution: str, location: str, python: str | None) -> tuple[str, ...]:
+        """What the image, started as its config says, runs before or instead of the
+        distribution at `location` (targets/runtime.py), read through path stats: nothing runs."""
+        def stat(path: str) -> dict[str, Any] | None:
+            return self.engine.path_stat(self.container.id, path)
+
+        def read_small(path: str) -> bytes | None:
+            if not interpreter.is_small_file(stat(path)):
+                return None
+            try:
+                found = self.container.copy_out(path)
+            except UnsafePatch:
+                return None
+            return found[0] if found else None
+
+        return tuple(runtime.runs_first(self.source.config, stat, read_small, site=location, python=python,
+                                        distribution=distribution))
 
     def _interpreters(self) -> list[interpreter.Interpreter]:
         """The image's distinct python environments, entrypoint's first (stats only; nothing runs)."""

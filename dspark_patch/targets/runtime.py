@@ -1,0 +1,168 @@
+"""What an image runs before, or instead of, the vLLM the tool checked: read from its config.
+
+The checks read one site folder; the image runs its entrypoint as its USER, in its WORKDIR, with
+its Env. CPython then puts on `sys.path`, before any site folder (3.11, Modules/getpath.py and
+Lib/site.py):
+- `sys.path[0]`: the folder of the script it runs (an entrypoint whose `#!` names a python: the
+  `vllm` console script's own folder), or the working dir for `python -m` / `-c`; none with
+  `-I`, `-P` or `PYTHONSAFEPATH`;
+- every `PYTHONPATH` entry (a relative one against the working dir), unless `-E` or `-I`;
+- the user's site folder, `$PYTHONUSERBASE` or `~/.local` of the USER's HOME (its passwd
+  entry, as the engine sets HOME, unless Env sets HOME), `lib/pythonX.Y/site-packages`, unless
+  `-s`, `-I` or `PYTHONNOUSERSITE`;
+and `site` imports `sitecustomize` at every start, `-I` included: Debian's stdlib has one, a link
+to /etc/pythonX.Y/sitecustomize.py, whose known text imports `apport_python_hook` if there is
+one. `PYTHONHOME` moves the standard library and the site folders.
+
+`runs_first` names each of these that holds what `import vllm` would take first (a package with
+an `__init__.py`, or a module file `vllm.py`, `vllm.pyc`, `vllm*.so`), a `sitecustomize` or
+`usercustomize` there, a Debian sitecustomize that is not Debian's, an `apport_python_hook`
+the Debian one would import, and `PYTHONHOME`. Only what the config says and a path stat shows:
+nothing runs. Both status routes, `verify` and `apply` ask it (one rule), docs/status.md.
+Stdlib-free of the engine: `stat` and `read_small` are the caller's.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from . import interpreter as interp
+from .imageconfig import image_argv, image_env, is_dir, is_link, search_dirs
+
+ReadSmall = Callable[[str], "bytes | None"]
+# Debian's /etc/python3.X/sitecustomize.py (bookworm's 3.11, trixie's 3.13): the apport hook.
+_DEBIAN_SITECUSTOMIZE_TEXT = (b"# install the apport exception handler if available\ntry:\n    import apport_python_hook\n"
+                              b"except ImportError:\n    pass\nelse:\n    apport_python_hook.install()\n")
+_OPTIONS_WITH_VALUE = frozenset("WXQ")
+
+
+def _known_sitecustomize(data: bytes) -> bool:
+    return data == _DEBIAN_SITECUSTOMIZE_TEXT
+
+
+def _exists(found: Mapping[str, Any] | None) -> bool:
+    return found is not None
+
+
+def _flags(args: list[str]) -> tuple[set[str], str | None, str | None]:
+    """(single-letter flags, "-m"/"-c"/None, the script) of a python command line's arguments."""
+    flags: set[str] = set()
+    args = list(args)
+    while args:
+        arg = args.pop(0)
+        if arg == "--" or not arg.startswith("-") or arg == "-":
+            return flags, None, (None if arg in ("--", "-") else arg)
+        if arg.startswith("--"):
+            continue  # --check-hash-based-pycs etc.: nothing that changes sys.path
+        letters = arg[1:]
+        for i, letter in enumerate(letters):
+            if letter in "mc":
+                return flags, f"-{letter}", None
+            if letter in _OPTIONS_WITH_VALUE:
+                if i == len(letters) - 1 and args:
+                    args.pop(0)
+                break
+            flags.add(letter)
+    return flags, None, None
+
+
+def _home(config: Mapping[str, Any], env: Mapping[str, str], read_small: ReadSmall) -> str:
+    if env.get("HOME"):
+        return env["HOME"]
+    user = str(config.get("User") or "root").split(":", 1)[0]
+    for line in (read_small("/etc/passwd") or b"").decode("utf-8", "replace").splitlines():
+        fields = line.split(":")
+        if len(fields) >= 6 and (fields[0] == user or fields[2] == user):
+            return fields[5] or "/"
+    return "/root" if user in ("", "root", "0") else "/"
+
+
+def _holders(folder: str, top: str, python: str | None, stat: interp.Stat) -> list[str]:
+    """What `import top` would take from `folder`, and start-up modules there."""
+    found = []
+    for package in (top, "sitecustomize", "usercustomize"):
+        # A path stat through a file is an error on some engines: ask for the folder first.
+        inside = stat(f"{folder}/{package}")
+        if (inside is None or is_dir(inside)) and _exists(stat(f"{folder}/{package}/__init__.py")):
+            found.append(f"{folder}/{package}/__init__.py")
+    tag = (python or "").replace(".", "")
+    names = [f"{top}.py", f"{top}.pyc", f"{top}.so", f"{top}.abi3.so"]
+    if tag:
+        names += [f"{top}.cpython-{tag}-{arch}-linux-gnu.so" for arch in ("x86_64", "aarch64")]
+    names += ["sitecustomize.py", "usercustomize.py", "sitecustomize.pyc", "usercustomize.pyc"]
+    found += [f"{folder}/{name}" for name in names if _exists(stat(f"{folder}/{name}"))]
+    return found
+
+
+def runs_first(config: Mapping[str, Any], stat: interp.Stat, read_small: ReadSmall, *, site: str,
+               python: str | None, distribution: str) -> list[str]:
+    """One line for each thing the image, started as configured, runs before or instead of the
+    distribution read at `site` (module doc). Empty: nothing the config and the files show."""
+    top = distribution.replace("-", "_").lower()
+    env = image_env(config)
+    workdir = str(config.get("WorkingDir") or "/")
+    lines: list[str] = []
+    flags: set[str] = set()
+    first: tuple[str, str] | None = None
+    argv = image_argv(config)
+    command = interp.resolve_command(argv[0], search_dirs(config), stat) if argv else None
+    if command is not None and interp.is_python_name(command):
+        flags, mode, script = _flags(argv[1:])
+        if mode is not None:
+            first = (workdir, f"the working dir, first on sys.path for `python {mode}`")
+        elif script is not None:
+            where = script if script.startswith("/") else posixpath.join(workdir, script)
+            first = (posixpath.dirname(posixpath.normpath(where)), f"the folder of the script {script}")
+    elif command is not None:
+        head = read_small(command) or b""
+        if interp.shebang_python(head) is not None:
+            words = head[2:].split(b"\n", 1)[0].decode("utf-8", "replace").split()
+            flags, _, _ = _flags([w for w in words[1:] if w.startswith("-")])
+            first = (posixpath.dirname(command), f"the folder of the entrypoint script {command}")
+    isolated = "I" in flags
+    ignore_env = isolated or "E" in flags
+    safe = isolated or "P" in flags or (not ignore_env and bool(env.get("PYTHONSAFEPATH")))
+    if not ignore_env and env.get("PYTHONHOME"):
+        lines.append(f"Env PYTHONHOME={env['PYTHONHOME']}: the interpreter's library and site folders come from there, "
+                     "not from what was read")
+    places: list[tuple[str, str]] = []
+    if first is not None and not safe:
+        places.append(first)
+    if not ignore_env:
+        for entry in (e for e in env.get("PYTHONPATH", "").split(":") if e):
+            folder = entry if entry.startswith("/") else posixpath.join(workdir, entry)
+            places.append((folder, f"PYTHONPATH entry {entry!r} in the image's Env"))
+    if not (isolated or "s" in flags or (not ignore_env and env.get("PYTHONNOUSERSITE"))) and python:
+        base = env.get("PYTHONUSERBASE") if not ignore_env and env.get("PYTHONUSERBASE") else \
+            posixpath.join(_home(config, env, read_small), ".local")
+        places.append((f"{base}/lib/python{python}/site-packages", "the image user's site folder"))
+    real_site = posixpath.normpath(site)
+    for folder, why in places:
+        folder = posixpath.normpath(folder)
+        if folder == real_site:
+            continue
+        # (A layer view keeps only the folders it was asked for: no stat is no proof of absence.)
+        kind = stat(folder)
+        if kind is not None and not is_dir(kind) and not is_link(kind):
+            lines.append(f"{folder}: a file on sys.path ({why}), imported from as an archive and not read")
+            continue
+        for path in _holders(folder, top, python, stat):
+            lines.append(f"{path}: imported before {site}/{top} ({why})")
+    if python:
+        stdlib = f"/usr/lib/python{python}/sitecustomize.py"
+        found = stat(stdlib)
+        if found is not None:
+            # Debian's is a link into /etc; a path stat gives its target resolved.
+            data = read_small(str(found.get("linkTarget") or stdlib) if is_link(found) else stdlib)
+            if data is None or not _known_sitecustomize(data):
+                lines.append(f"{stdlib}: a sitecustomize that is not Debian's runs at every start (-I too)")
+            else:
+                for folder in (real_site, "/usr/lib/python3/dist-packages", f"/usr/lib/python{python}",
+                               f"/usr/local/lib/python{python}/dist-packages"):
+                    for name in ("apport_python_hook.py", "apport_python_hook.pyc", "apport_python_hook"):
+                        if _exists(stat(f"{folder}/{name}")):
+                            lines.append(f"{folder}/{name}: Debian's sitecustomize imports it at every start (-I too)")
+    return list(dict.fromkeys(lines))
+

@@ -1,0 +1,100 @@
+"""Images that run other code before the vLLM the tool checked (targets/runtime.py), on the engine.
+
+Each image is the official shape (images/vllm-official: vLLM in dist-packages, USER 2000, `vllm
+serve`) with one change a user or an attacker could make, all of which the image's own start
+honours: a `vllm.py` in the USER's site folder or beside the `vllm` console script, `python -m`
+with a `vllm/` in the working dir, `PYTHONPATH` (relative and absolute) and `PYTHONHOME` in the
+Env, Debian's sitecustomize rewritten, an `apport_python_hook` it would import. Before the rule,
+each read `absent` with exit 0 (nothing said what runs). Now both status routes exit non-zero
+naming it, `verify` fails naming it, and `apply` refuses with one line, exit 1, nothing tagged.
+"""
+
+from __future__ import annotations
+
+import io
+import uuid
+from pathlib import Path
+
+import docker
+import pytest
+
+from tests.support.cli import run
+from tests.support.containers import our_containers
+from tests.support.images import official_image
+
+pytestmark = pytest.mark.engine
+
+SITE = "/usr/local/lib/python3.11/dist-packages"
+# name: (Dockerfile lines after FROM, as root; the path the finding names)
+CASES = {
+    "user-site": (["RUN mkdir -p /home/vllm/.local/lib/python3.11/site-packages "
+                   "&& echo 'print(1)' > /home/vllm/.local/lib/python3.11/site-packages/vllm.py"],
+                  "/home/vllm/.local/lib/python3.11/site-packages/vllm.py"),
+    "script-folder": (["RUN echo 'print(1)' > /usr/local/bin/vllm.py"], "/usr/local/bin/vllm.py"),
+    "workdir-with-m": (['ENTRYPOINT ["python3", "-m", "vllm.entrypoints.cli.main", "serve"]',
+                        "RUN mkdir -p /vllm-workspace/vllm && touch /vllm-workspace/vllm/__init__.py"],
+                       "/vllm-workspace/vllm/__init__.py"),
+    "relative-pythonpath": (["ENV PYTHONPATH=lib", "RUN mkdir -p /vllm-workspace/lib && touch /vllm-workspace/lib/vllm.py"],
+                            "/vllm-workspace/lib/vllm.py"),
+    "absolute-pythonpath": (["ENV PYTHONPATH=/opt/shadow", "RUN mkdir -p /opt/shadow && touch /opt/shadow/vllm.py"],
+                            "/opt/shadow/vllm.py"),
+    "pythonhome": (["ENV PYTHONHOME=/usr"], "PYTHONHOME=/usr"),
+    "debian-sitecustomize": (["RUN echo 'import os' >> /etc/python3.11/sitecustomize.py"],
+                             "/usr/lib/python3.11/sitecustomize.py"),
+    "apport-hook": ([f"RUN echo 'def install(): pass' > {SITE}/apport_python_hook.py"],
+                    f"{SITE}/apport_python_hook.py"),
+    "usercustomize-in-user-site": (["RUN mkdir -p /home/vllm/.local/lib/python3.11/site-packages "
+                                    "&& touch /home/vllm/.local/lib/python3.11/site-packages/usercustomize.py"],
+                                   "/home/vllm/.local/lib/python3.11/site-packages/usercustomize.py"),
+}
+
+
+@pytest.fixture(scope="module")
+def images():
+    client = docker.from_env()
+    base = official_image()
+    made: dict[str, str] = {}
+    try:
+        for name, (lines, _) in CASES.items():
+            dockerfile = "\n".join([f"FROM {base}", "USER root", *lines, "USER 2000"]) + "\n"
+            tag = f"dspark-patch/test-runs-first:{name}-{uuid.uuid4().hex[:6]}"
+            client.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag=tag, network_mode="none", rm=True,
+                                forcerm=True)
+            made[name] = tag
+        yield made
+    finally:
+        for tag in made.values():
+            try:
+                client.images.remove(tag, force=True)
+            except docker.errors.ImageNotFound:
+                pass
+
+
+def test_both_status_routes_name_what_runs_first(images: dict[str, str]) -> None:
+    res = run("status", *(a for tag in images.values() for a in ("--image", tag)), "--pull", "never", "--via", "layers",
+              "--json")
+    assert res.returncode == 1, res.stdout[-3000:]
+    rows = {row["ref"]: row for row in res.json["images"]}
+    for name, tag in images.items():
+        row = rows[tag]
+        assert row["exit_code"] == 1 and CASES[name][1] in (row["error"] or ""), (name, row)
+        res = run("status", "--image", tag, "--pull", "never", "--via", "container", "--json")
+        assert res.returncode == 1, (name, res.stdout[-2000:])
+        assert CASES[name][1] in (res.json["images"][0]["error"] or ""), (name, res.json["images"][0])
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_verify_fails_and_apply_refuses(name: str, images: dict[str, str], tmp_path: Path) -> None:
+    tag = images[name]
+    res = run("verify", "--image", tag, "--pull", "never", "--no-probe", "--report-dir", str(tmp_path / "verify"))
+    assert res.returncode == 1, (res.stdout[-2000:], res.stderr[-2000:])
+    assert CASES[name][1] in res.stderr
+
+    client = docker.from_env()
+    result = f"dspark-patch/test-result:runs-first-{uuid.uuid4().hex[:8]}"
+    res = run("apply", "--image", tag, "--pull", "never", "--tag", result, "--report-dir", str(tmp_path / "apply"))
+    line = res.assert_clean_error(1)
+    assert CASES[name][1] in line and "nothing was written" in line
+    with pytest.raises(docker.errors.ImageNotFound):
+        client.images.get(result)
+    assert our_containers(client) == []
