@@ -1,0 +1,89 @@
+"""targets/runtime.py's rules on an image described by a config and its files, no engine: which
+flags and Env settings drop which sys.path entries, exactly as CPython does. The real images are
+in tests/test_runs_first.py; here the cases those images cannot all show (flags in a `#!` line,
+-I, -s, PYTHONNOUSERSITE, PYTHONSAFEPATH, a zip on PYTHONPATH, Env HOME)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from dspark_patch.targets.imageconfig import GO_DIR
+from dspark_patch.targets.runtime import runs_first
+
+SITE = "/usr/local/lib/python3.11/dist-packages"
+SCRIPT = b"#!/usr/bin/python3\nimport sys\nfrom vllm.entrypoints.cli.main import main\nsys.exit(main())\n"
+PASSWD = b"root:x:0:0:root:/root:/bin/bash\nvllm:x:2000:0::/home/vllm:/bin/bash\n"
+USER_SITE = "/home/vllm/.local/lib/python3.11/site-packages"
+
+
+def _image(files: dict[str, bytes | None]) -> tuple[Any, Any]:
+    """stat and read_small over `files` (None: a folder)."""
+    def stat(path: str) -> dict[str, Any] | None:
+        if path in files:
+            return {"mode": GO_DIR if files[path] is None else 0o644, "size": len(files[path] or b"")}
+        if any(p.startswith(path.rstrip("/") + "/") for p in files):
+            return {"mode": GO_DIR, "size": 0}
+        return None
+
+    return stat, lambda path: files.get(path)
+
+
+def _lines(config: dict[str, Any], extra: dict[str, bytes | None]) -> list[str]:
+    files = {"/usr/local/bin/vllm": SCRIPT, "/usr/bin/python3": b"\x7fELF", "/etc/passwd": PASSWD, **extra}
+    stat, read = _image(files)
+    return runs_first({"User": "2000", "WorkingDir": "/w", **config}, stat, read, site=SITE, python="3.11",
+                      distribution="vllm")
+
+
+VLLM_SERVE = {"Entrypoint": ["vllm", "serve"]}
+
+
+@pytest.mark.parametrize("config, files, named", [
+    (VLLM_SERVE, {"/usr/local/bin/vllm.py": b""}, "/usr/local/bin/vllm.py"),
+    (VLLM_SERVE, {f"{USER_SITE}/vllm/__init__.py": b""}, f"{USER_SITE}/vllm/__init__.py"),
+    (VLLM_SERVE, {f"{USER_SITE}/vllm.cpython-311-x86_64-linux-gnu.so": b""}, f"{USER_SITE}/vllm.cpython-311-x86_64-linux-gnu.so"),
+    ({**VLLM_SERVE, "Env": ["HOME=/srv"]}, {"/srv/.local/lib/python3.11/site-packages/vllm.py": b""},
+     "/srv/.local/lib/python3.11/site-packages/vllm.py"),
+    ({**VLLM_SERVE, "Env": ["PYTHONUSERBASE=/u"]}, {"/u/lib/python3.11/site-packages/vllm.pyc": b""},
+     "/u/lib/python3.11/site-packages/vllm.pyc"),
+    ({"Entrypoint": ["python3", "-X", "dev", "-m", "vllm.entrypoints.cli.main"]}, {"/w/vllm/__init__.py": b""},
+     "/w/vllm/__init__.py"),
+    ({"Entrypoint": ["python3", "/app/run.py"]}, {"/app/vllm.py": b""}, "/app/vllm.py"),
+    ({**VLLM_SERVE, "Env": ["PYTHONPATH=/opt/a.zip"]}, {"/opt/a.zip": b"PK"}, "/opt/a.zip: a file on sys.path"),
+    ({**VLLM_SERVE, "Env": ["PYTHONPATH=:rel"]}, {"/w/rel/sitecustomize.py": b""}, "/w/rel/sitecustomize.py"),
+])
+def test_what_runs_first_is_named(config: dict[str, Any], files: dict[str, bytes | None], named: str) -> None:
+    lines = _lines(config, files)
+    assert len(lines) == 1 and lines[0].startswith(named), lines
+
+
+@pytest.mark.parametrize("config, files", [
+    # -I in the #! line: no script folder, no user site, no PYTHONPATH
+    (VLLM_SERVE, {"/usr/local/bin/vllm": SCRIPT.replace(b"python3\n", b"python3 -I\n"),
+                  "/usr/local/bin/vllm.py": b"", f"{USER_SITE}/vllm.py": b""}),
+    ({**VLLM_SERVE, "Env": ["PYTHONNOUSERSITE=1"]}, {f"{USER_SITE}/vllm.py": b""}),
+    ({"Entrypoint": ["python3", "-s", "-m", "vllm"]}, {f"{USER_SITE}/vllm.py": b""}),
+    ({**VLLM_SERVE, "Env": ["PYTHONSAFEPATH=1"]}, {"/usr/local/bin/vllm.py": b""}),
+    ({"Entrypoint": ["python3", "-E", "-m", "x"], "Env": ["PYTHONPATH=/opt/s"]}, {"/opt/s/vllm.py": b""}),
+    # a namespace folder without __init__.py does not win over the regular package
+    (VLLM_SERVE, {"/usr/local/bin/vllm/x.txt": b""}),
+    # the site folder itself on PYTHONPATH is the checked one
+    ({**VLLM_SERVE, "Env": [f"PYTHONPATH={SITE}"]}, {f"{SITE}/vllm/__init__.py": b""}),
+    # no python entrypoint: nothing modelled here
+    ({"Entrypoint": ["/bin/sh", "-c", "vllm serve"]}, {"/usr/local/bin/vllm.py": b""}),
+])
+def test_what_cpython_would_not_put_first_is_not_named(config: dict[str, Any], files: dict[str, bytes | None]) -> None:
+    assert _lines(config, files) == []
+
+
+def test_debian_sitecustomize_is_known_and_any_other_is_named() -> None:
+    debian = (b"# install the apport exception handler if available\ntry:\n    import apport_python_hook\n"
+              b"except ImportError:\n    pass\nelse:\n    apport_python_hook.install()\n")
+    assert _lines(VLLM_SERVE, {"/usr/lib/python3.11/sitecustomize.py": debian}) == []
+    assert _lines(VLLM_SERVE, {"/usr/lib/python3.11/sitecustomize.py": debian + b"import os\n"})[0].startswith(
+        "/usr/lib/python3.11/sitecustomize.py")
+    lines = _lines(VLLM_SERVE, {"/usr/lib/python3.11/sitecustomize.py": debian, f"{SITE}/apport_python_hook.py": b""})
+    assert lines and lines[0].startswith(f"{SITE}/apport_python_hook.py")
+    assert _lines({**VLLM_SERVE, "Env": ["PYTHONHOME=/opt"]}, {})[0].startswith("Env PYTHONHOME=/opt")
