@@ -167,3 +167,30 @@ def test_only_cli_output_prints() -> None:
                 for hit in _prints(path)]
     assert printing == []
     assert _prints(MODULES["dspark_patch.cli.output"])  # the checker sees print calls where they are
+
+
+_CLOCKS = ("monotonic", "perf_counter", "time", "monotonic_ns", "perf_counter_ns", "time_ns")
+
+
+def _timed_asserts(source: str) -> list[int]:
+    """Lines of asserts that compare a span of a clock (`clock() - start`) with a bound."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Assert):
+            continue
+        for sub in ast.walk(node.test):
+            if isinstance(sub, ast.BinOp) and isinstance(sub.op, ast.Sub) and any(
+                    isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr in _CLOCKS
+                    for c in ast.walk(sub)):
+                found.append(node.lineno)
+                break
+    return found
+
+
+def test_no_test_asserts_a_duration() -> None:
+    """Speed goes into bench/, measured side by side; a test's bound on seconds fails on a
+    loaded machine and passes on a fast one whatever the code does."""
+    timed = [f"{p.relative_to(ROOT)}:{line}" for p in sorted((ROOT / "tests").rglob("test_*.py"))
+             for line in _timed_asserts(p.read_text(encoding="utf-8"))]
+    assert timed == []
+    assert _timed_asserts("import time\nstart = time.monotonic()\nassert time.monotonic() - start < 30\n") == [3]
