@@ -19,6 +19,7 @@ from pathlib import Path
 import docker
 import pytest
 
+from dspark_patch.targets.base import HANDSHAKE_PREFIX
 from dspark_patch.targets.docker import DockerEngine
 from dspark_patch.targets.docker.naming import Owner
 from tests.support.cli import SCRIPT, run
@@ -115,16 +116,43 @@ def _nothing_left(client, seen: list[str], tag: str, pid: int) -> None:
     assert not image_exists(client, tag)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_a_run_stopped_while_the_early_probe_waits_leaves_nothing(sig, client, tag, tmp_path):
+def _go_ahead_written(client, container_ids: list[str]) -> bool:
+    """Has the run handed its early probe the go-ahead? probe/prestart.py names the file it
+    writes (`/<HANDSHAKE_PREFIX><random>`) in the early process's own arguments."""
+    paths = set()
+    for pid in early_processes(container_ids):
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        paths |= {a.decode() for a in args if a.startswith(b"/" + HANDSHAKE_PREFIX.encode())}
+    assert paths, "the early process names no go-ahead file"
+    for cid in container_ids:
+        for path in paths:
+            try:
+                client.containers.get(cid).get_archive(path)
+                return True
+            except docker.errors.NotFound:
+                continue
+    return False
+
+
+def _default_signals() -> None:
+    # A suite started as a background job of a non-interactive shell hands its children SIGINT
+    # ignored, and a Python started so keeps ignoring it (as it should). The user this test
+    # stands for presses Ctrl-C at a terminal: the child gets the default disposition.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_run_stopped_while_the_early_probe_waits_leaves_nothing(sig, code, client, tag, tmp_path):
     proc = subprocess.Popen([str(SCRIPT), "apply", "--image", fixture_image(), "--tag", tag,
-                             "--report-dir", str(tmp_path / "r")], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                             "--report-dir", str(tmp_path / "r")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=_default_signals)
     try:
         seen, early = _watch(proc, client, until_early=True)
         assert early, "the run never started its probe early"
-        # Frozen, the tool cannot hand over the go-ahead: the early probe is surely still waiting.
+        # Frozen, the tool cannot hand over the go-ahead; that it has not yet is checked, not assumed.
         proc.send_signal(signal.SIGSTOP)
         assert early_processes(seen)
+        assert not _go_ahead_written(client, seen), "the go-ahead was written before the signal"
         proc.send_signal(sig)
         proc.send_signal(signal.SIGCONT)
         proc.wait(timeout=120)
@@ -132,7 +160,10 @@ def test_a_run_stopped_while_the_early_probe_waits_leaves_nothing(sig, client, t
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode != 0
+    stderr = proc.stderr.read().decode() if proc.stderr else ""
+    assert proc.returncode == code, stderr[-2000:]
+    if sig == signal.SIGINT:
+        assert "dspark-patch: interrupted; nothing was committed" in stderr
     _nothing_left(client, seen, tag, proc.pid)
 
 

@@ -65,6 +65,8 @@ def main() -> None:
         output.line("dspark-patch: interrupted; nothing was committed", err=True)
         _end(130)
     except SystemExit as exc:
+        if exc.code == 130:  # typer turns Ctrl-C (KeyboardInterrupt) into Exit(130) before it reaches here
+            output.line("dspark-patch: interrupted; nothing was committed", err=True)
         if exc.code is None or isinstance(exc.code, int):
             _end(exc.code or 0)
         raise
