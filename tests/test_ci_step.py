@@ -110,6 +110,7 @@ def test_markdown_report_leads_with_the_verdict_and_lists_hashes_and_probe_cases
     md = (tmp_path / "r" / "audit.md").read_text()
     first = md.strip().splitlines()[0]
     assert "applied" in first
+    assert len(res.json["files"]) == 2 and len(res.json["probe"]["cases"]) >= 20  # the loops below see them all
     for f in res.json["files"]:
         assert f["pre_sha256"] in md and f["post_sha256"] in md
     for case in res.json["probe"]["cases"]:

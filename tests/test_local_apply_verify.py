@@ -44,6 +44,7 @@ def test_apply_verify_and_reapply_on_a_fresh_real_tree(vllm033_tree: Path, tmp_p
     assert audit["status"] == "applied"
     assert audit["target"]["distribution"] == {"name": "vllm", "version": "0.33.0", "location": str(vllm033_tree)}
     assert audit["patch"]["id"] == "dspark-skip-mtp-buffer" and audit["patch"]["variant"] == "vllm-0.33.0"
+    assert sorted(f["path"] for f in audit["files"]) == sorted(VARIANT.files)  # the loop below sees every file
     for f in audit["files"]:
         assert f["pre_sha256"] == VARIANT.files[f["path"]].pre_sha256
         assert f["post_sha256"] == VARIANT.files[f["path"]].post_sha256 == sha(vllm033_tree / f["path"])

@@ -67,6 +67,25 @@ def _start(tmp_path: Path, *modules: str, wait: float = 60, probe: str = PROBE) 
     return proc, go
 
 
+def _waiting(proc: subprocess.Popen, *, children: int = 0) -> None:
+    """Return once the early process (and its `children`) wait for the go-ahead: each is asleep
+    in the kernel, polling the go file (nanosleep) or reading its part's pipe. Before that they
+    import and compile, and do not sleep; so a tree changed after this was there to be read
+    early, and a probe that reads it only after the go-ahead is what the test then proves."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else b""
+        try:
+            kids = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+            chans = [Path(f"/proc/{pid}/wchan").read_text() for pid in [str(proc.pid), *kids]]
+        except OSError:
+            chans, kids = [], []
+        if len(kids) >= children and chans and all("nanosleep" in c or "pipe" in c for c in chans):
+            return
+        time.sleep(0.005)
+    raise AssertionError("the early process never waited for its go-ahead")
+
+
 def _go(go: Path, message: dict) -> None:
     half = go.with_suffix(".part")
     half.write_text(json.dumps(message))
@@ -77,7 +96,7 @@ def test_after_the_go_ahead_the_probe_runs_as_a_fresh_python_c_would(tmp_path):
     tree = tmp_path / "model.py"
     tree.write_text("before")
     proc, go = _start(tmp_path, "json", "dataclasses")
-    time.sleep(0.5)
+    _waiting(proc)
     tree.write_text("patched")  # the tree changes while it waits: it must read it as it is at go
     _go(go, {"argv": ["--site", str(tree)], "python": sys.executable, "packages": ["vllm"]})
     out, err = proc.communicate(timeout=60)
@@ -119,7 +138,7 @@ def test_a_part_beside_runs_in_its_own_process_on_the_tree_at_the_go_ahead_and_t
     tree = tmp_path / "model.py"
     tree.write_text("before")
     proc, go = _start(tmp_path, "--beside=--part", "decimal", probe=PART_PROBE)
-    time.sleep(0.5)
+    _waiting(proc, children=1)
     tree.write_text("patched")
     _go(go, {"argv": ["--site", str(tree)], "python": sys.executable, "packages": ["vllm"]})
     out, err = proc.communicate(timeout=60)

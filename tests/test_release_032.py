@@ -44,6 +44,7 @@ def _apply_and_verify(tree: Path, tmp_path: Path, *probe: str) -> None:
     audit = json.loads((tmp_path / "apply" / "audit.json").read_text())
     assert audit["status"] == "applied" and audit["patch"]["variant"] == "vllm-0.32.0"
     assert audit["patch"]["review"] == "reviewed" and audit["patch"]["hash_checks"] is True
+    assert sorted(f["path"] for f in audit["files"]) == sorted(VARIANT.files)  # the loop below sees every file
     for f in audit["files"]:
         assert f["pre_sha256"] == VARIANT.files[f["path"]].pre_sha256
         assert f["post_sha256"] == VARIANT.files[f["path"]].post_sha256 == sha(tree / f["path"])
