@@ -267,7 +267,8 @@ def test_a_run_killed_midway_leaves_no_tag_and_its_container_goes(sig, client, s
     host = f"dspark-test-{uuid.uuid4().hex[:12]}"
     pid, code, said = signalled_when(on_host(host, [str(SCRIPT), "apply", "--image", source, "--tag", tag,
                                                     "--report-dir", str(tmp_path / "r")]),
-                                     lambda: our_containers(client), sig)
+                                     # ready: this run (its own host name) made its container
+                                     lambda: [n for n in our_containers(client) if f"--{host}--" in n], sig)
     try:
         assert code != 0
         assert not image_exists(client, tag)
