@@ -2,9 +2,8 @@
 and engines other than the local dockerd (Podman's compatible API, a remote dockerd over TCP).
 
 Each combination runs the CLI the way a user does: `apply --image REF --tag T`, then
-`verify --image T`, on the engine DOCKER_HOST names. What the tool cannot do yet is marked
-`xfail(strict=True)` with the missing feature in the reason: once that feature lands the test
-passes, the strict mark turns that into a failure, and the mark is removed.
+`verify --image T`, on the engine DOCKER_HOST names, and asserts which interpreter and site
+folder were patched where an image has more than one to choose from.
 """
 
 from __future__ import annotations
@@ -126,12 +125,20 @@ def test_non_writable_image_applies_as_root_keeping_owner_mode_and_user(tmp_path
         _remove(None, tag)
 
 
+def _where(audit: dict) -> tuple[str, str]:
+    return audit["target"]["python"], audit["target"]["distribution"]["location"]
+
+
 def test_two_pythons_image_patches_the_vllm_of_the_non_default_python(tmp_path):
-    _apply_and_verify(images.two_pythons_image(), tmp_path)
+    audit = _apply_and_verify(images.two_pythons_image(), tmp_path)
+    # not python3 on PATH (which has no vLLM): the environment's own interpreter and folder
+    assert _where(audit) == ("/opt/vllm-env/bin/python3", "/opt/vllm-env/lib/python3.11/site-packages")
 
 
 def test_trixie_root_image_with_vllm_in_a_venv_off_path(tmp_path):
-    _apply_and_verify(images.trixie_venv_image(), tmp_path)
+    audit = _apply_and_verify(images.trixie_venv_image(), tmp_path)
+    # the venv the entrypoint's `#!` names, off PATH, with Debian's python 3.13
+    assert _where(audit) == ("/opt/venv/bin/python3", "/opt/venv/lib/python3.13/site-packages")
 
 
 # Two environments on one image, built on the fixture (whose vLLM is in the system

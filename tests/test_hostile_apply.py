@@ -216,8 +216,12 @@ def test_a_vllm_of_a_second_real_interpreter_is_no_decoy(tmp_path: Path) -> None
     image = images.two_pythons_image()
     out = f"{PREFIX}-two-pythons:1"
     try:
-        res = run("apply", "--image", image, "--tag", out, "--pull", "never", "--no-probe", "--report-dir", str(tmp_path))
+        res = run("apply", "--image", image, "--tag", out, "--pull", "never", "--no-probe", "--json",
+                  "--report-dir", str(tmp_path))
         assert res.returncode == 0, res.stderr[-800:]
         assert _exists(out)
+        # the copy that runs was patched, with the interpreter that imports it
+        assert (res.json["target"]["python"], res.json["target"]["distribution"]["location"]) == \
+            ("/opt/vllm-env/bin/python3", "/opt/vllm-env/lib/python3.11/site-packages")
     finally:
         subprocess.run(["docker", "rmi", "-f", out], capture_output=True, check=False)
