@@ -318,3 +318,11 @@ def test_plan_records_hashes_and_diff_hash(tmp_path: Path) -> None:
     assert plan.diff_sha256 == hashlib.sha256(diff).hexdigest()
     assert plan.files[0].pre_sha256 == hashlib.sha256(BASE).hexdigest()
     assert plan.files[0].post_sha256 == hashlib.sha256(new).hexdigest()
+
+
+@pytest.mark.parametrize("data", [b"", b"a", b"a\n", b"a\r\nb", b"a\rb\n", b"\n\n", b"x\r", b"a\nb\r\n\r\nc"])
+def test_the_engines_line_split_is_the_oracles(data: bytes) -> None:
+    from tests.support.trees import lines_of
+
+    assert split_lines(data) == lines_of(data)
+    assert b"".join(lines_of(data)) == data
