@@ -195,7 +195,7 @@ def _double_env(log: str) -> dict[str, str]:
 
 
 @pytest.mark.engine
-def test_evaluate_end_to_end_passes_with_the_same_image_and_only_the_flag_differing(
+def test_evaluate_with_the_kv_log_double_passes_with_the_same_image_and_only_the_flag_differing(
     tmp_path: Path, kvlog_double: str,
 ):
     report = tmp_path / "report"
@@ -227,7 +227,7 @@ def test_evaluate_end_to_end_passes_with_the_same_image_and_only_the_flag_differ
 
 
 @pytest.mark.engine
-def test_evaluate_end_to_end_fails_when_one_rank_keeps_its_buffer(tmp_path: Path, kvlog_double: str):
+def test_evaluate_with_the_kv_log_double_fails_when_one_rank_keeps_its_buffer(tmp_path: Path, kvlog_double: str):
     code, out, message = invoke(
         "evaluate", "--image", kvlog_double, "--no-gpus", "--timeout", "60",
         "--report-dir", str(tmp_path), "--env", "KVLOG_DOUBLE_MODE=one-rank", "--json",
@@ -241,7 +241,7 @@ def test_evaluate_end_to_end_fails_when_one_rank_keeps_its_buffer(tmp_path: Path
 
 
 @pytest.mark.engine
-def test_evaluate_end_to_end_server_dying_before_its_kv_lines_fails_naming_them(
+def test_evaluate_with_the_kv_log_double_server_dying_before_its_kv_lines_fails_naming_them(
     tmp_path: Path, kvlog_double: str,
 ):
     code, out, _ = invoke(
