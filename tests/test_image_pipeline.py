@@ -262,13 +262,24 @@ def test_existing_tag_is_refused_before_any_work(client, source, tag, tmp_path):
     assert our_containers(client) == []
 
 
+def _running(client, names: list[str]) -> bool:
+    for name in names:
+        try:
+            if client.containers.get(name).status == "running":
+                return True
+        except docker.errors.NotFound:
+            continue
+    return False
+
+
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
 def test_a_run_killed_midway_leaves_no_tag_and_its_container_goes(sig, client, source, tag, tmp_path):
     host = f"dspark-test-{uuid.uuid4().hex[:12]}"
     pid, code, said = signalled_when(on_host(host, [str(SCRIPT), "apply", "--image", source, "--tag", tag,
                                                     "--report-dir", str(tmp_path / "r")]),
-                                     # ready: this run (its own host name) made its container
-                                     lambda: [n for n in our_containers(client) if f"--{host}--" in n], sig)
+                                     # midway: this run's own container (its host name) is running
+                                     lambda: _running(client, [n for n in our_containers(client)
+                                                                if f"--{host}--" in n]), sig)
     try:
         assert code != 0
         assert not image_exists(client, tag)

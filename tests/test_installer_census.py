@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.cli import run
-from tests.support.vllm import INSTALLS, installed_copy
+from tests.support.vllm import INSTALLS, beside_the_cache, installed_copy
 
 PY = sys.executable
 INFO = "vllm-0.33.0.dist-info"
@@ -39,7 +39,11 @@ def test_every_install_shape_has_its_row() -> None:
 
 @pytest.mark.parametrize("how", sorted(EXPECTED))
 def test_install_shape(how: str, tmp_path: Path) -> None:
-    site = installed_copy(how, "0.33.0", tmp_path / "install")
+    with beside_the_cache() as where:
+        _check_shape(how, installed_copy(how, "0.33.0", where / "install"), tmp_path)
+
+
+def _check_shape(how: str, site: Path, tmp_path: Path) -> None:
     res = run("status", "--root", str(site), "--json")
     assert res.returncode == 0, res.stdout + res.stderr
     row = res.json["images"][0]

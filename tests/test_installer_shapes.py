@@ -13,7 +13,7 @@ import hashlib
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -21,7 +21,7 @@ import pytest
 from dspark_patch.patchset import resolve
 from dspark_patch.references import installer
 from tests.support.cli import run
-from tests.support.vllm import replace_file, uv_tree_copy
+from tests.support.vllm import beside_the_cache, replace_file, uv_tree_copy
 
 PY = sys.executable
 INFO = "vllm-0.33.0.dist-info"
@@ -31,8 +31,9 @@ UV_FILES = {"bin/vllm", f"{INFO}/INSTALLER", f"{INFO}/REQUESTED", f"{INFO}/direc
 
 
 @pytest.fixture
-def uv033(tmp_path: Path) -> Path:
-    return uv_tree_copy("0.33.0", tmp_path / "site-packages")
+def uv033() -> Iterator[Path]:
+    with beside_the_cache() as where:
+        yield uv_tree_copy("0.33.0", where / "site-packages")
 
 
 def _sha(path: Path) -> str:

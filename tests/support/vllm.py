@@ -16,8 +16,10 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 
@@ -107,6 +109,20 @@ def uv_tree(version: str) -> Path:
     return _made_once(CACHE / "trees" / f"vllm-{version}-uv", f"tree-uv-{version}", install) / "site-packages"
 
 
+@contextmanager
+def beside_the_cache() -> Iterator[Path]:
+    """A scratch folder on the cache's own file system, removed afterwards: hard-link copies of
+    the cached installs go there (pytest's temporary folders may be in RAM, another file system,
+    where a hard link cannot reach; the fast tier copies only the pip trees it uses most there)."""
+    scratch = CACHE / "scratch"
+    scratch.mkdir(parents=True, exist_ok=True)
+    where = Path(tempfile.mkdtemp(dir=scratch))
+    try:
+        yield where
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+
+
 def uv_tree_copy(version: str, where: Path) -> Path:
     """A fresh site-packages for one test: hard links into the cached uv install."""
     where.parent.mkdir(parents=True, exist_ok=True)
@@ -135,7 +151,12 @@ INSTALLS: dict[str, tuple[list[str], str]] = {
 
 def installed_by(how: str, version: str) -> Path:
     """The site folder of a real install of the wheel by `how` (INSTALLS), made once."""
-    command, site = INSTALLS[how]
+    return _installed_root(how, version) / INSTALLS[how][1]
+
+
+def _installed_root(how: str, version: str) -> Path:
+    """The folder the installer made for `installed_by` (its --target, --prefix, user base, venv)."""
+    command, _ = INSTALLS[how]
     slug = how.replace(" ", "").replace("-", "")
 
     def install(dest: Path) -> None:
@@ -149,16 +170,15 @@ def installed_by(how: str, version: str) -> Path:
         env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONUSERBASE")}
         subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, env={**env, "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
 
-    return _made_once(CACHE / "trees" / f"vllm-{version}-{slug}", f"tree-{slug}-{version}", install) / "root" / site
+    return _made_once(CACHE / "trees" / f"vllm-{version}-{slug}", f"tree-{slug}-{version}", install) / "root"
 
 
 def installed_copy(how: str, version: str, where: Path) -> Path:
     """A fresh hard-link copy of `installed_by(how, version)`'s whole root; its site folder."""
-    site = installed_by(how, version)
-    root = next(p for p in site.parents if p.name == "root")
+    root = _installed_root(how, version)
     where.mkdir(parents=True, exist_ok=True)
     subprocess.run(["cp", "-al", str(root), str(where / "root")], check=True)
-    return where / "root" / site.relative_to(root)
+    return where / "root" / INSTALLS[how][1]
 
 
 def tree_copy(version: str, where: Path) -> Path:
