@@ -17,6 +17,7 @@ from ..patching.plan import FilePlan, PatchPlan
 from ..patchset import PatchSet, Variant, available
 from ..report.model import ImageRecord, LayerChange, LayerReport
 from ..targets.base import Distribution, ImageCapable, LayerEntry
+from ..targets.sitepath import minor_version
 from .requests import ImageSpec
 from .runlog import RunLog
 from .steps import bytecode_paths
@@ -43,12 +44,7 @@ def runs_first(target: ImageCapable, dist: Distribution, run: RunLog) -> list[st
     distribution (targets/runtime.py: its script folder, working dir, PYTHONPATH, user site,
     start-up hooks), one line each. `apply` refuses such an image, `verify` fails it."""
     with run.step("runtime"):
-        return list(target.runs_first(dist.name, dist.location, _minor(dist.python_version)))
-
-
-def _minor(version: str | None) -> str | None:
-    parts = (version or "").split(".")
-    return ".".join(parts[:2]) if len(parts) >= 2 and all(p.isdigit() for p in parts[:2]) else None
+        return list(target.runs_first(dist.name, dist.location, minor_version(dist.python_version or "")))
 
 
 def refuse_runs_first(target: ImageCapable, dist: Distribution, run: RunLog) -> None:

@@ -385,8 +385,7 @@ def bytecode_paths(plan: PatchPlan, dist: Distribution) -> list[str]:
     paths = []
     for fp in plan.files:
         if fp.path.endswith(".py"):
-            folder, _, name = fp.path.rpartition("/")
-            paths.append(f"{folder + '/' if folder else ''}__pycache__/{name[:-3]}.{dist.cache_tag}.pyc")
+            paths.append(_cached_name(fp.path, dist.cache_tag))
     return paths
 
 

@@ -66,7 +66,7 @@ def _derive(python: interp.Interpreter, stat: interp.Stat, read_small: ReadSmall
     if python.venv is not None:
         cfg = _pyvenv(read_small(python.venv))
         root = posixpath.dirname(python.venv)
-        version = _minor(cfg.get("version") or cfg.get("version_info") or "") or _version(python.binary, stat)
+        version = minor_version(cfg.get("version") or cfg.get("version_info") or "") or _version(python.binary, stat)
         sites = [f"{root}/lib/python{version}/site-packages"] if version else []
         home = cfg.get("home", "").rstrip("/")
         if cfg.get("include-system-site-packages", "").lower() == "true" and home.startswith("/") and depth < 3:
@@ -108,7 +108,8 @@ def _pyvenv(data: bytes | None) -> dict[str, str]:
     return out
 
 
-def _minor(version: str) -> str | None:
+def minor_version(version: str) -> str | None:
+    """"3.11" of "3.11.2" (or of "3.11"), None for anything else."""
     found = re.match(r"^(3\.\d+)", version)
     return found.group(1) if found else None
 

@@ -248,10 +248,7 @@ class ImageTarget:
 
     def _unimported(self, distribution: str) -> tuple[str, ...]:
         top = filename_name(distribution)
-
-        def stat(path: str) -> dict[str, Any] | None:
-            return self.engine.path_stat(self.container.id, path)
-
+        stat = self._stat
         sites = imageconfig.site_candidates(self.source.config, lambda p: imageconfig.is_dir(stat(p)))
         holding = [s for s in sites if stat(f"{s}/{top}/__init__.py") is not None]
         left = [s for s in holding if posixpath.normpath(s) not in self._imported]
@@ -329,35 +326,30 @@ class ImageTarget:
     def runs_first(self, distribution: str, location: str, python: str | None) -> tuple[str, ...]:
         """What the image, started as its config says, runs before or instead of the
         distribution at `location` (targets/runtime.py), read through path stats: nothing runs."""
-        def stat(path: str) -> dict[str, Any] | None:
-            return self.engine.path_stat(self.container.id, path)
-
-        def read_small(path: str) -> bytes | None:
-            if not interpreter.is_small_file(stat(path)):
-                return None
-            try:
-                found = self.container.copy_out(path)
-            except UnsafePatch:
-                return None
-            return found[0] if found else None
-
-        return tuple(runtime.runs_first(self.source.config, stat, read_small, site=location, python=python,
+        return tuple(runtime.runs_first(self.source.config, self._stat, self._read_small, site=location, python=python,
                                         distribution=distribution))
+
+    def _stat(self, path: str) -> dict[str, Any] | None:
+        """The engine's path stat of `path` in the work container (nothing runs)."""
+        return self.engine.path_stat(self.container.id, path)
+
+    def _read_small(self, path: str) -> bytes | None:
+        """A small regular file's bytes from the work container, None otherwise."""
+        if not interpreter.is_small_file(self._stat(path)):
+            return None
+        try:
+            found = self.container.copy_out(path)
+        except UnsafePatch:
+            return None
+        return found[0] if found else None
 
     def _interpreters(self) -> list[interpreter.Interpreter]:
         """The image's distinct python environments, entrypoint's first (stats only; nothing runs)."""
-        def stat(path: str) -> dict[str, Any] | None:
-            return self.engine.path_stat(self.container.id, path)
-
         def read_head(path: str) -> bytes | None:
-            if not interpreter.is_small_file(stat(path)):
-                return None
-            try:
-                found = self.container.copy_out(path)
-            except UnsafePatch:
-                return None
-            return found[0][:512] if found else None
+            data = self._read_small(path)
+            return data[:512] if data is not None else None
 
+        stat = self._stat
         found = interpreter.existing(interpreter.candidates(self.source.config, stat, read_head), stat)
         return found or [interpreter.Interpreter(path=self.container.python, binary=self.container.python, venv=None)]
 
