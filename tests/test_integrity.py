@@ -380,47 +380,57 @@ def test_bytecode_that_differs_only_in_its_instructions_fails_verify_and_apply(t
 
 def test_a_kept_bytecode_proof_spares_the_compile_and_never_covers_a_changed_pyc(tmp_path: Path) -> None:
     """A second verify of a local tree proves its bytecode from the proofs the first one kept
-    (no compile, seconds saved per run); a .pyc changed since, or a damaged proofs file, gets no
-    proof from it: the forged file is named as before, and damaged proofs only cost the compile of
-    what they covered."""
+    (no compile, seconds saved per run); a .pyc changed since gets no proof from them: the forged
+    file is named as before. A proofs file is believed only under this machine's cache key: a
+    proof planted for the forged .pyc (anyone can compute one) or any other rewrite of the file
+    costs the compile and a note, and the forged file is still named."""
     tree = vllm.tree_copy("0.33.0", tmp_path / "site-packages")
-    env = {"DSPARK_PATCH_CACHE": str(tmp_path / "cache")}
+    env = {"DSPARK_PATCH_CACHE": str(tmp_path / "cache"), "DSPARK_PATCH_CACHE_KEY": str(tmp_path / "state/key")}
 
     def verify(name: str) -> dict:
         res = run("verify", "--root", str(tree), "--python", PY, "--no-probe", "--json",
                   "--report-dir", str(tmp_path / name), env=env)
         assert res.returncode in (0, 1), res.stderr
-        return res.json["integrity"]
+        return res.json
 
-    first = verify("v1")
+    first = verify("v1")["integrity"]
     assert first["bytecode_checked"] > 3000 and first["bytecode_proofs_reused"] == 0
+    assert (tmp_path / "state/key").stat().st_mode & 0o777 == 0o600
     kept = [p for p in (tmp_path / "cache/bytecode").glob("*/vllm-0.33.0") if p.parent.name != "by-target"]
-    assert len(kept) == 1 and kept[0].stat().st_size == 16 * (first["bytecode_checked"] - 2), kept
-    second = verify("v2")
+    # the seal (32 bytes), then one proof for each .pyc but the two stale ones
+    assert len(kept) == 1 and kept[0].stat().st_size == 32 + 16 * (first["bytecode_checked"] - 2), kept
+    second = verify("v2")["integrity"]
     # the unpatched tree's two patched files have pip's timestamp bytecode, named stale, never proofs
     assert len(first["stale_bytecode"]) == 2 and second["stale_bytecode"] == first["stale_bytecode"]
     assert second["bytecode_checked"] == first["bytecode_checked"]
     assert second["bytecode_proofs_reused"] == second["bytecode_checked"] - 2
 
     logger = tree / "vllm/logger.py"
-    replace_file(Path(importlib.util.cache_from_source(str(logger))), instructions_only_pyc(logger))
+    forged = instructions_only_pyc(logger)
+    replace_file(Path(importlib.util.cache_from_source(str(logger))), forged)
     third = verify("v3")
-    assert third["bytecode_proofs_reused"] == second["bytecode_proofs_reused"] - 1
-    named = sorted(set(third["stale_bytecode"]) - set(second["stale_bytecode"]))
+    assert third["integrity"]["bytecode_proofs_reused"] == second["bytecode_proofs_reused"] - 1
+    named = sorted(set(third["integrity"]["stale_bytecode"]) - set(second["stale_bytecode"]))
     assert [line.split()[0] for line in named] == ["vllm/__pycache__/logger.cpython-311.pyc"], named
+    assert third["status"] == "failed" and not any("cache" in n for n in third["notes"])
 
-    # Damage: the first 100 proofs overwritten, and a torn tail (not a whole proof). Only the
-    # .pyc those proofs covered are compiled again; the rest still count; the verdict is the same.
-    # The kept file holds one proof for each .pyc ever proven here (the honest logger .pyc's
-    # too: kept proofs are merged, and that one now covers nothing), so 100 overwritten proofs
-    # uncover 100 .pyc, or 99 if the logger's was among them.
-    proofs = kept[0].read_bytes()
-    assert len(proofs) == 16 * second["bytecode_proofs_reused"]
-    kept[0].write_bytes(b"\x00not a proof\n\xff\xfe\xfd" * 100 + proofs[1600:] + b"torn")
-    fourth = verify("v4")
-    assert third["bytecode_proofs_reused"] - fourth["bytecode_proofs_reused"] in (99, 100)
-    assert fourth["bytecode_checked"] == third["bytecode_checked"]
-    assert fourth["stale_bytecode"] == third["stale_bytecode"]
+    # Planted: a proof for the forged .pyc under the interpreter's identity (its folder's name),
+    # appended to the kept file; then the file replaced by that proof alone.
+    identity = kept[0].parent.name
+    source_hex, forged_hex = hashlib.sha256(logger.read_bytes()).hexdigest(), hashlib.sha256(forged).hexdigest()
+    planted = b"".join(hashlib.sha256(f"{identity}\0{opt}\0{source_hex}\0{forged_hex}".encode()).digest()[:16]
+                       for opt in ("", "0", "None"))
+    for body in (kept[0].read_bytes() + planted, kept[0].read_bytes()[:32] + planted):
+        kept[0].write_bytes(body)
+        fourth = verify("v4")
+        assert fourth["status"] == "failed", fourth["integrity"]
+        assert fourth["integrity"]["stale_bytecode"] == third["integrity"]["stale_bytecode"]
+        assert fourth["integrity"]["bytecode_proofs_reused"] == 0
+        assert fourth["integrity"]["bytecode_checked"] == third["integrity"]["bytecode_checked"]
+        assert any("bytecode entry in the cache folder" in n and "not sealed by this machine's cache key" in n
+                   for n in fourth["notes"]), fourth["notes"]
+    # the refused file was written again, sealed: the next check reuses it
+    assert verify("v5")["integrity"]["bytecode_proofs_reused"] == third["integrity"]["bytecode_proofs_reused"]
 
 
 # --- class 8 / 9: bad RECORD data, FIFOs ------------------------------------------------------------------

@@ -16,6 +16,7 @@ from ..patching.diff import Diff
 from ..patching.plan import plan_patch
 from ..patchset import PatchSet, Variant, resolve
 from ..report.model import AuditReport, FileReport, ImageRecord
+from ..targets import seal
 from ..targets.base import Distribution, ImageCapable, PullCallback, Target
 from .image_steps import (
     LayerCheck,
@@ -86,14 +87,16 @@ def _run(run: RunLog, spec: TargetSpec, steps: Callable[[Target], AuditReport],
          on_pull: PullCallback | None) -> AuditReport:
     """Open the target, run the steps, close the target (removing any container), report."""
     target: Target | None = None
+    noted = set(seal.notes())
     try:
         with ExitStack() as stack:
             target = _open(spec, run, stack, on_pull)
             report = steps(target)
     except DsparkPatchError as exc:
         report = run.report("failed", exc)
-    # Notes the target gathered while closing (a kept container, leftovers it removed).
-    notes = target.notes if target is not None else ()
+    # Notes the target gathered while closing (a kept container, leftovers it removed), and cache
+    # entries or a cache key not used (targets/seal.py).
+    notes = (*(target.notes if target is not None else ()), *(n for n in seal.notes() if n not in noted))
     return replace(report, notes=report.notes + notes) if notes else report
 
 
@@ -214,7 +217,7 @@ def _patch(request: ApplyRequest, target: Target, run: RunLog, *, image: _ImageF
         if image is None or layers is None:
             return run.report("applied")
         layers.join(run)
-        commit_image(image.spec, image.target, plan, patchset, variant, run)
+        commit_image(image.spec, image.target, plan, patchset, variant, run, dist=dist)
         layers.keep_new_layer()
     except BaseException:
         with run.step("restore"):

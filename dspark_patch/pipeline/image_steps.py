@@ -16,7 +16,8 @@ from ..imageref import ImageRef
 from ..patching.plan import FilePlan, PatchPlan
 from ..patchset import PatchSet, Variant, available
 from ..report.model import ImageRecord, LayerChange, LayerReport
-from ..targets.base import Distribution, ImageCapable, LayerEntry
+from ..targets import proofs
+from ..targets.base import Distribution, ImageCapable, LayerEntry, TargetInfo
 from ..targets.sitepath import minor_version
 from .requests import ImageSpec
 from .runlog import RunLog
@@ -164,12 +165,15 @@ def layer_changes(plan: PatchPlan, dist: Distribution, entries: Sequence[LayerEn
     return changes, unexpected
 
 
-def commit_image(spec: ImageSpec, target: ImageCapable, plan: PatchPlan, patchset: PatchSet, variant: Variant, run: RunLog) -> None:
+def commit_image(spec: ImageSpec, target: ImageCapable, plan: PatchPlan, patchset: PatchSet, variant: Variant, run: RunLog,
+                 *, dist: Distribution) -> None:
     labels = labels_for(patchset, variant, plan, run)
     run.update(labels=dict(sorted(labels.items())))
     with run.step("commit"):
         committed = target.commit(labels=labels, tag=spec.tag, force=spec.force)
     run.update(result_image=ImageRecord(ref=committed.ref, id=committed.id))
+    # the new layer holds vLLM's files only: the result's interpreter is the source's
+    proofs.carry(target.info, TargetInfo(kind="image", ref=committed.ref, id=committed.id), dist)
     if spec.push and spec.tag:
         try:
             with run.step("push"):

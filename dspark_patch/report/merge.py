@@ -78,7 +78,8 @@ def read_shard(path: Path) -> ShardDocument:
                       positions=tuple(s["positions"]))
     images = tuple(image_from_dict(row) for row in data["images"])
     fleet = FleetStatus(images=images, tool_version=data["tool_version"], started_at=data["started_at"],
-                        seconds=data["seconds"], patch_set_digests=tuple(data["patch_set_digests"].items()), shard=shard)
+                        seconds=data["seconds"], patch_set_digests=tuple(data["patch_set_digests"].items()), shard=shard,
+                        notes=tuple(data.get("notes", ())))
     _check_itself(path, fleet, shard, data["exit_code"])
     return ShardDocument(path=Path(path), fleet=fleet, shard=shard)
 
@@ -145,4 +146,5 @@ def merge(paths: Sequence[Path], *, allow_partial: bool = False) -> FleetStatus:
         images=tuple(image for _, image in placed), tool_version=first.fleet.tool_version,
         started_at=min(d.fleet.started_at for d in docs), seconds=max(d.fleet.seconds for d in docs),
         patch_set_digests=first.fleet.patch_set_digests,
+        notes=tuple(dict.fromkeys(n for d in docs for n in d.fleet.notes)),
         merged=MergeInfo(count=count, shards=tuple(sorted(by_index)), missing=missing))

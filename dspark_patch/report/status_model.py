@@ -88,6 +88,7 @@ class FleetStatus:
     patch_set_digests: tuple[tuple[str, str], ...] = ()
     shard: ShardInfo | None = None
     merged: MergeInfo | None = None
+    notes: tuple[str, ...] = ()   # what the run could not use (cache entries not sealed here): never a verdict
 
     @property
     def exit_code(self) -> int:

@@ -40,6 +40,8 @@ def to_status_dict(fleet: FleetStatus) -> dict[str, Any]:
     if fleet.merged is not None:
         m = fleet.merged
         doc["merged"] = {"count": m.count, "shards": list(m.shards), "missing": list(m.missing), "partial": m.partial}
+    if fleet.notes:
+        doc["notes"] = list(fleet.notes)
     doc["images"] = [_row(i) for i in fleet.images]
     return doc
 
@@ -101,6 +103,8 @@ def to_status_markdown(fleet: FleetStatus) -> str:
                                  ("named like the installer's files, but not in their shape", image.installer_findings)):
                 if paths:
                     lines += [f"{label}:", *(f"- `{p}`" for p in paths)]
+    if fleet.notes:
+        lines += ["", "### Notes", "", *(f"- {_cell(n)}" for n in fleet.notes)]
     return "\n".join(lines) + "\n"
 
 

@@ -20,6 +20,7 @@ from ..errors import BadInput, DsparkPatchError, EngineUnreachable, EnvironmentP
 from ..patchset import PatchSet, available
 from ..registry.index import check_before_pull
 from ..report.status_model import FleetStatus, ImageStatus
+from ..targets import seal
 from ..targets.base import PullPolicy
 from ..targets.layers.cache import ScanCache
 from ..targets.sitefiles import SiteFiles
@@ -98,6 +99,7 @@ def _error_row(ref: str, exc: DsparkPatchError, **extra: str | None) -> ImageSta
 
 def status(request: StatusRequest, *, on_progress: ProgressCallback | None = None) -> FleetStatus:
     started = datetime.now(UTC)
+    noted = set(seal.notes())
     clock = time.monotonic()
     patchsets = [p for p in available() if not p.is_bare]
     verifier = None
@@ -144,7 +146,8 @@ def status(request: StatusRequest, *, on_progress: ProgressCallback | None = Non
     return FleetStatus(images=tuple(row for ref in dict.fromkeys(order) for row in many[ref]), tool_version=__version__,
                        started_at=started.isoformat(timespec="seconds").replace("+00:00", "Z"),
                        seconds=round(time.monotonic() - clock, 3), shard=shard,
-                       patch_set_digests=tuple((p.id, p.content_sha256) for p in patchsets if p.id))
+                       patch_set_digests=tuple((p.id, p.content_sha256) for p in patchsets if p.id),
+                       notes=tuple(n for n in seal.notes() if n not in noted))
 
 
 def scan_cache(request: StatusRequest, patchsets: Sequence[PatchSet]) -> ScanCache:

@@ -13,6 +13,8 @@ store. As Trivy keeps its analysis by image id and layer digest, a second `apply
   (another version of the tool asks again), the interpreter and every argument. It is stored in
   the entry and compared on load.
 - **When.** Only answers read from a container nothing was written into yet (the caller says so).
+- **Seal.** An entry is believed only under this machine's cache key (targets/seal.py): one
+  copied from another image's name, rewritten or planted is a miss and a note.
 - **Damage.** A torn, foreign or unreadable entry is a miss, never an error; writes are atomic.
 - **Bound.** At most `MAX_ENTRIES` entries; after a write over it the least recently used go.
 """
@@ -26,7 +28,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from . import cachedir
+from . import cachedir, seal
 
 MAX_ENTRIES = 256
 _MAGIC = "dspark-patch kept answer 1"
@@ -50,8 +52,13 @@ def get(key: str) -> Any | None:
     """The answer kept under `key`, or None (none kept, or an entry that is not one)."""
     path = _file(key)
     try:
-        doc = json.loads(path.read_bytes())
-    except (OSError, ValueError):
+        raw = path.read_bytes()
+    except OSError:
+        return None
+    body = seal.unwrap("answers", path.name, raw)
+    try:
+        doc = json.loads(body) if body is not None else None
+    except ValueError:
         return None
     if not isinstance(doc, dict) or doc.get("key") != key or "answer" not in doc:
         return None
@@ -62,8 +69,12 @@ def get(key: str) -> Any | None:
 
 def keep(key: str, answer: Any) -> None:
     """Store `answer` under `key`. Never fails a run: a cache that cannot be written is no cache."""
+    path = _file(key)
     try:
-        cachedir.write_atomic(_file(key), json.dumps({"key": key, "answer": answer}, separators=(",", ":")).encode())
+        sealed = seal.wrap("answers", path.name, json.dumps({"key": key, "answer": answer}, separators=(",", ":")).encode())
+        if sealed is None:
+            return
+        cachedir.write_atomic(path, sealed)
         _prune()
     except (OSError, TypeError, ValueError):
         return

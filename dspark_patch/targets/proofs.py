@@ -2,10 +2,14 @@
 one is as good as a compile): `$DSPARK_PATCH_CACHE/bytecode/`.
 
 - `by-target/<sha256 of the target's key>`: the interpreter identity a target answered last time
-  (an image id and its python, or a local python with its inode, size and mtime), and the last
-  one that checked each release (a patched image is a new id with its source's python). Only a
-  hint: a wrong one means no proof matches, and the check compiles as it would with none.
+  (an image id and its python, or a local python with its inode, size and mtime); `apply` names
+  its result image's with its source's (`carry`: its layer holds no interpreter). Only a hint: a
+  wrong one means no proof matches, and the check compiles as it would with none. There is no
+  hint for a target never checked here.
 - `<identity>/<distribution>-<version>`: that interpreter's proofs for that release, 16 bytes each.
+
+Every file is sealed with this machine's cache key (targets/seal.py): proofs planted, copied
+from another machine or another release's file, or appended to are not sent (noted).
 
 What is sent is bounded (`SEND_CAP`: the argument a python is started with must stay well under
 Linux's 128 KiB per argument); a file that cannot be read is no proofs; files are replaced
@@ -15,12 +19,13 @@ atomically, so two runs at once lose at most the proofs of one of them.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import os
 import re
 from pathlib import Path
 
-from . import cachedir
+from . import cachedir, seal
 from .base import Distribution, TargetInfo
 
 PROOF_BYTES = 16
@@ -44,10 +49,6 @@ def target_key(info: TargetInfo, dist: Distribution) -> str:
     return f"local\0{python}\0{st.st_ino}\0{st.st_size}\0{st.st_mtime_ns}"
 
 
-def _release_key(dist: Distribution) -> str:
-    return f"release\0{dist.name}\0{dist.version}"
-
-
 def _hint_file(key: str) -> Path:
     return _root() / "by-target" / hashlib.sha256(key.encode()).hexdigest()
 
@@ -56,26 +57,47 @@ def _proofs_file(identity: str, dist: Distribution) -> Path:
     return _root() / identity / _NAME.sub("_", f"{dist.name}-{dist.version}")
 
 
+def _read(path: Path) -> bytes | None:
+    """The body of a sealed file of the proofs folder, or None."""
+    try:
+        raw = path.read_bytes()
+    except OSError:
+        return None
+    return seal.unwrap("bytecode", path.relative_to(_root()).as_posix(), raw)
+
+
+def _write(path: Path, body: bytes) -> None:
+    sealed = seal.wrap("bytecode", path.relative_to(_root()).as_posix(), body)
+    if sealed is not None:
+        cachedir.write_atomic(path, sealed)
+
+
+def _identity_of(key: str) -> str | None:
+    try:
+        identity = (_read(_hint_file(key)) or b"").decode("ascii").strip()
+    except UnicodeDecodeError:
+        return None
+    return identity if _IDENTITY.match(identity) else None
+
+
 def to_send(info: TargetInfo, dist: Distribution) -> str:
     """base64 of the proofs the target's interpreter made for this release, as far as known."""
     key = target_key(info, dist)
-    if not key:
+    identity = _identity_of(key) if key else None
+    if identity is None:
         return ""
-    # this target's interpreter, else the last one that checked this release (a patched image
-    # is a new image id with its source's interpreter)
-    for hint in (_hint_file(key), _hint_file(_release_key(dist))):
-        try:
-            identity = hint.read_text(encoding="ascii").strip()
-        except (OSError, UnicodeDecodeError):
-            continue
-        if not _IDENTITY.match(identity):
-            return ""
-        try:
-            raw = _proofs_file(identity, dist).read_bytes()[: SEND_CAP * 3 // 4]
-        except OSError:
-            return ""
-        return base64.b64encode(raw[: len(raw) - len(raw) % PROOF_BYTES]).decode("ascii")
-    return ""
+    raw = (_read(_proofs_file(identity, dist)) or b"")[: SEND_CAP * 3 // 4]
+    return base64.b64encode(raw[: len(raw) - len(raw) % PROOF_BYTES]).decode("ascii")
+
+
+def carry(source: TargetInfo, result: TargetInfo, dist: Distribution) -> None:
+    """Name `result`'s interpreter as `source`'s: `apply` made `result` from `source` with one
+    layer of vLLM's files (no interpreter in it). Never fails a run."""
+    key, new = target_key(source, dist), target_key(result, dist)
+    identity = _identity_of(key) if key and new else None
+    if identity is not None:
+        with contextlib.suppress(OSError):
+            _write(_hint_file(new), identity.encode("ascii"))
 
 
 def _records(data: bytes) -> set[bytes]:
@@ -94,20 +116,16 @@ def keep(info: TargetInfo, dist: Distribution, answer: dict) -> None:
     except ValueError:
         return
     try:
-        for hint in (_hint_file(key), _hint_file(_release_key(dist))):
-            cachedir.write_atomic(hint, identity.encode("ascii"))
+        _write(_hint_file(key), identity.encode("ascii"))
         if not run:
             return
         path = _proofs_file(identity, dist)
-        try:
-            old = _records(path.read_bytes())
-        except OSError:
-            old = set()
+        old = _records(_read(path) or b"")
         if run <= old:
             return
         merged = old | run
         # More than is ever sent: keep this run's own (a whole tree's, the likeliest next one).
-        cachedir.write_atomic(path, b"".join(sorted(merged if len(merged) * PROOF_BYTES * 4 // 3 <= SEND_CAP else run)))
+        _write(path, b"".join(sorted(merged if len(merged) * PROOF_BYTES * 4 // 3 <= SEND_CAP else run)))
     except OSError:
         return
 

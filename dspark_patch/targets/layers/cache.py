@@ -9,8 +9,10 @@ layer itself, so the cache stays small: the fixture's 2 GB of layers cache in a 
   the reader) is another entry and is never reused. The identity is also stored in the entry
   and checked on load.
 - **Trust.** Only a scan of a layer whose bytes were checked against its digest is stored (the
-  callers: registry route and save route hash what they scan). An entry is the checksum of its
-  body, then the body; a torn, truncated or foreign file is a miss, never an error.
+  callers: registry route and save route hash what they scan). An entry is its seal under this
+  machine's cache key (targets/seal.py: an HMAC of the entry's name and body), then the body; a
+  torn, truncated, foreign, copied or rewritten file is a miss (noted when its seal fails), never
+  an error. Without a usable key nothing is kept or read.
 - **Concurrency.** Written to a temporary file in the cache folder, then renamed into place
   (atomic on one file system): a reader sees the old entry, the new one or none. Two runs
   writing one entry write the same bytes.
@@ -34,13 +36,13 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import BadInput
-from .. import cachedir
+from .. import cachedir, seal
 from .scan import Entry, LayerScan
 
 ENV_ROOT = cachedir.ENV_ROOT
 ENV_MAX = "DSPARK_PATCH_CACHE_MAX"
 DEFAULT_MAX = 1 << 30
-MAGIC = b"dspark-patch layer scan 1\n"
+MAGIC = b"dspark-patch layer scan 2\n"
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 _SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
 
@@ -104,7 +106,7 @@ class ScanCache:
                 raw = path.read_bytes()
             except OSError:
                 return None
-            scan = _decode(raw, self.identity, diff_id)
+            scan = _decode(raw, self.identity, diff_id, path.name)
             if scan is None:
                 return None
             with contextlib.suppress(OSError):
@@ -118,10 +120,10 @@ class ScanCache:
         caller). A cache that cannot be written (read-only, full) is skipped: it only saves time."""
         if not _DIGEST.fullmatch(diff_id) or self.max_bytes <= 0:
             return
-        body = _encode(scan, self.identity, diff_id)
-        if len(body) > self.max_bytes:
-            return
         path = self._path(diff_id)
+        body = _encode(scan, self.identity, diff_id, path.name)
+        if body is None or len(body) > self.max_bytes:
+            return
         try:
             cachedir.write_atomic(path, body, suffix=".scan")
         except OSError:
@@ -166,7 +168,7 @@ class ScanCache:
         return total
 
 
-# --- the entry format: MAGIC, sha256 of the rest, zlib of JSON ---------------------------------
+# --- the entry format: MAGIC, the seal of the rest, zlib of JSON ---------------------------------
 
 def _b64(data: bytes | None) -> str | None:
     return None if data is None else base64.b64encode(data).decode()
@@ -176,7 +178,7 @@ def _unb64(text: Any) -> bytes | None:
     return None if text is None else base64.b64decode(text, validate=True)
 
 
-def _encode(scan: LayerScan, identity: str, diff_id: str) -> bytes:
+def _encode(scan: LayerScan, identity: str, diff_id: str, name: str) -> bytes | None:
     entries = {}
     for path, e in scan.entries.items():
         entries[path] = [e.kind, e.sha256, _b64(e.data), e.target, e.size, _b64(e.header),
@@ -188,16 +190,16 @@ def _encode(scan: LayerScan, identity: str, diff_id: str) -> bytes:
                 "folders": _b64(folders.tobytes()), "others": _b64(others.tobytes())}
     payload = zlib.compress(json.dumps(document, separators=(",", ":"), ensure_ascii=False,
                                        ).encode("utf-8", "surrogateescape"), 6)
-    return MAGIC + hashlib.sha256(payload).digest() + payload
+    sealed = seal.wrap("scans", name, payload)
+    return None if sealed is None else MAGIC + sealed
 
 
-def _decode(raw: bytes, identity: str, diff_id: str) -> LayerScan | None:
-    """The scan an entry holds, or None for anything but an intact entry of this key."""
-    head = len(MAGIC)
-    if not raw.startswith(MAGIC) or len(raw) < head + 32:
+def _decode(raw: bytes, identity: str, diff_id: str, name: str) -> LayerScan | None:
+    """The scan an entry holds, or None for anything but an intact entry of this key sealed here."""
+    if not raw.startswith(MAGIC):
         return None
-    payload = raw[head + 32:]
-    if hashlib.sha256(payload).digest() != raw[head:head + 32]:
+    payload = seal.unwrap("scans", name, raw[len(MAGIC):])
+    if payload is None:
         return None
     try:
         document = json.loads(zlib.decompress(payload).decode("utf-8", "surrogateescape"))
