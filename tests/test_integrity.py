@@ -156,6 +156,39 @@ def test_a_hand_edit_with_its_record_row_rewritten_and_startup_hooks_are_finding
     assert not marker.exists()
 
 
+def test_the_distutils_hack_that_setuptools_pth_imports_must_be_setuptools_own(tmp_path: Path) -> None:
+    """setuptools' distutils-precedence.pth (accepted by its known bytes) imports `_distutils_hack`
+    at every start: beside it, that package is accepted only as a text setuptools released (here:
+    the venv's own setuptools), and a rewritten one, or a `_distutils_hack.py` module at the top,
+    is added for status, verify and apply, on a real 0.33.0 tree."""
+    setuptools_site = Path(importlib.util.find_spec("_distutils_hack").origin).parent.parent  # type: ignore[union-attr, arg-type]
+    genuine = (setuptools_site / "_distutils_hack/__init__.py").read_bytes()
+    trees = {}
+    for name in ("genuine", "rewritten", "module"):
+        tree = vllm.tree_copy("0.33.0", tmp_path / name / "site-packages")
+        shutil.copyfile(setuptools_site / "distutils-precedence.pth", tree / "distutils-precedence.pth")
+        (tree / "_distutils_hack").mkdir()
+        (tree / "_distutils_hack/__init__.py").write_bytes(genuine + (b"\nimport os  # runs at start\n" if name == "rewritten" else b""))
+        if name == "module":
+            (tree / "_distutils_hack.py").write_text("def add_shim(): pass\n")
+        trees[name] = tree
+    code, doc = status_json(*(a for t in trees.values() for a in ("--root", str(t))))
+    rows = {Path(r["ref"]).parent.name: r for r in doc["images"]}
+    assert (rows["genuine"]["added"], rows["genuine"]["exit_code"]) == ([], 0), rows["genuine"]
+    assert rows["rewritten"]["added"] == ["_distutils_hack/__init__.py"] and rows["rewritten"]["exit_code"] == 1
+    assert rows["module"]["added"] == ["_distutils_hack.py"] and rows["module"]["exit_code"] == 1
+    assert code == 1
+    for name in ("rewritten", "module"):
+        res = run("verify", "--root", str(trees[name]), "--python", PY, "--no-probe", "--json",
+                  "--report-dir", str(tmp_path / f"v-{name}"))
+        assert res.returncode == 1 and res.json["integrity"]["added"] == rows[name]["added"], res.stderr
+        res = run("apply", "--root", str(trees[name]), "--python", PY, "--dry-run", "--report-dir", str(tmp_path / f"a-{name}"))
+        assert "is not the published wheel" in res.assert_clean_error(1)
+    res = run("verify", "--root", str(trees["genuine"]), "--python", PY, "--no-probe", "--json",
+              "--report-dir", str(tmp_path / "v-genuine"))
+    assert res.json["integrity"]["added"] == [], res.json["integrity"]
+
+
 def test_a_second_vllm_dist_info_is_an_error_everywhere(tmp_path: Path) -> None:
     tree = vllm.tree_copy("0.33.0", tmp_path / "site-packages")
     second = tree / "vllm-0.34.0.dist-info"

@@ -197,6 +197,18 @@ def _top_level(location):
                     pth[entry.name] = fh.read(PTH_CAP).decode("latin-1")
             else:
                 pth[entry.name] = None  # type: ignore[assignment]
+    # what setuptools' distutils-precedence.pth imports at every start (references.DISTUTILS_HACK)
+    hack = os.path.join(location, "_distutils_hack", "__init__.py")
+    try:
+        hst = os.lstat(hack)
+    except OSError:
+        hst = None
+    if hst is not None:
+        if stat.S_ISREG(hst.st_mode) and hst.st_size <= PTH_CAP:
+            with open(hack, "rb") as fh:
+                pth["_distutils_hack/__init__.py"] = fh.read(PTH_CAP).decode("latin-1")
+        else:
+            pth["_distutils_hack/__init__.py"] = None  # type: ignore[assignment]
     return names, pth, sorted(listed)
 
 

@@ -28,8 +28,9 @@ WHEEL that is in no reference, or a release with none, is "no reference": never 
   an `installer_findings` line;
 - at the site folder's top level, `sitecustomize.*` and `usercustomize.*` are added (`site`
   imports them at every start), and a `.pth` is added unless it is one we know by content
-  (setuptools' `distutils-precedence.pth`) or it is listed in some distribution's RECORD and has
-  no `import` line (`site` executes those lines);
+  (setuptools' `distutils-precedence.pth`, and then the `_distutils_hack` it imports must be a
+  text setuptools released: `distutils_hack_added`) or it is listed in some distribution's
+  RECORD and has no `import` line (`site` executes those lines);
 - the image's RECORD is checked too: a row whose hash differs from the reference, a row for a
   file the wheel does not hold, or a wheel file with no row is a *RECORD disagreement*, itself a
   finding.
@@ -56,6 +57,44 @@ ScriptBytes = bytes | str | None
 # distutils shim); the same bytes in every setuptools release since 49.
 KNOWN_PTH = {"distutils-precedence.pth": frozenset({"2638ce9e2500e572a5e0de7faed6661eb569d1b696fcba07b0dd223da5f5d224"})}
 PTH_CAP = 64 * 1024      # a .pth larger than this is not read: it counts as added
+# What that .pth imports at every start: `_distutils_hack`, the first one on sys.path. Beside an
+# accepted distutils-precedence.pth it must be setuptools' own: its `__init__.py` one of the
+# texts setuptools released (v49.3.0 to v84.0.0, each tag's file; 31 texts), and no module file
+# of that name at the top. The views read it like a .pth, under this key of `pth`.
+DISTUTILS_HACK = "_distutils_hack/__init__.py"
+KNOWN_DISTUTILS_HACK = frozenset({
+    "026d425507ed93f30700abdf25056940cc15c7796b01b2863e1288520c1ac036",
+    "03b38d1d8d6e9e14d4f12116683368d472a943c75ffe99986304b7b8bba0189c",
+    "06c27ded9e7642a2d5d5ea432989050e91987b2d00cfdc5c0477f23cffda06b4",
+    "1476fb218abe6877c54af4804ee9c98413c655c807d8a203fc2e111e41ae9bb8",
+    "1542e30b6d07156f447ab4bcaec4a3a330feb93167d5dcaf548f6d6b2cdb852c",
+    "228181f268b46192561e7b9a3c57ff31483e10b2584f6494e5256feb86d5e674",
+    "322f93bf23a7b8ccd421cfeeb68129e66dccfc363a40b2d2917aa0e9ef30848f",
+    "4513b154dbf2fa7776a1d0812e6d4396770a8e6f286000d30bf6694ff3294dd5",
+    "46849a60a7cc85189cf6b5ac62b3f135004862ce6a96540a81c95ef6fbc4dc3e",
+    "4bf5b0bc8f8af7ce7096e96f7167cf4f776f2cc0983f5c8f876ca780b3a67781",
+    "4c2531daa12158dcabb8bce3e03386640407dfd866d9f27fc0377dd2894d3a6a",
+    "4d27a48545b57dd137ae35376fcf326d2064271084a487960686f8704b94de4a",
+    "52c30c27c38334fa426ba8d8784f7bb5e15df8511387ec0d0fbca8772fa224c1",
+    "5f7454880e8a04fa0499ca3f0a3002ca5b7241b15119552965101b4a43c6c0cb",
+    "600ff3472bad5c46ee6438a9516e844282c2e8fb946ef62c1b2060f9a2fe3c2b",
+    "7688a23bb369b867ca503635e94c625981671c1e01adf621da6c59d2d07d5114",
+    "870913c1cb82e84d190b5b700c4cc71af16ace684b88e19b5f6149af7b833435",
+    "870c6f4869d409d7434c7ef7b99175568095b5541ac621538e5d8145fd01194f",
+    "9b737c2ccce2dad2e896acfb6285c708419121078c00231a5439a7647cdd72e4",
+    "9bc5b111a0a9cfbe403c5ca562f18a715571dfc12f7577a5123a4a32427112dc",
+    "a325c4f62f92a19daaa558088e4339afd78e14df40c20a7d51c9dc3a714dc237",
+    "a390f4d5ada584de84c5fed69fffd50fe43393401438d1615cdb9fd07e03c34a",
+    "c05b8045c9a51ed915db41df44195068c3d8ee1431f93104b670695decac8b02",
+    "c45c67c9dbcc6ce0432d98491eaca039563d9df5fb9d8a68608de3b9e41d80a4",
+    "ccb3a83ef896531388f58fec08c15ee7998fa0a36b83196c374b74a7ca93022f",
+    "ced72e54431ecf2d8d7dbd8a1e27724f1b171af3ca1503c304bf11c59a7fe861",
+    "df81e6bcba34ee3e3952f776551fb669143b9490fdd6c4caeb32609f97e985b4",
+    "e1d21987df00de20d4729c8afacee31bec8bcd6d799092908249a6e3d6a5e3b2",
+    "e4a51d09fa11eb20b12a2861f82c5c5587ae4d3d096cf2d3246109b60991818d",
+    "f0016db17603c3430ca7a444e28b1577445d9da7f7f32f746ed6820c3442a07d",
+    "fcc99a0fb405120ec879fd8f8d35f974134d4c88e5ec814d42cbb06442b22f17",
+})
 STARTUP_MODULES = ("sitecustomize", "usercustomize")
 _PYC = re.compile(r"^(?P<folder>(?:.+/)?)__pycache__/(?P<stem>[^./]+)\.[^/]+\.pyc$")
 
@@ -162,6 +201,18 @@ def pth_added(name: str, sha256: str | None, data: bytes | None, listed_anywhere
     return has_import or name not in set(listed_anywhere)
 
 
+def distutils_hack_added(top_level: Iterable[str], pth: Mapping[str, bytes | None]) -> list[str]:
+    """What of `_distutils_hack` an accepted distutils-precedence.pth would import and setuptools
+    did not write: a module file of that name at the top (it runs where no package is), or a
+    package `__init__.py` of another text."""
+    found = [name for name in top_level if name.split(".", 1)[0] == "_distutils_hack"]
+    if DISTUTILS_HACK in pth:
+        data = pth[DISTUTILS_HACK]
+        if data is None or _sha256(data) not in KNOWN_DISTUTILS_HACK:
+            found.append(DISTUTILS_HACK)
+    return found
+
+
 def compare(ref: Reference, *, hashes: Mapping[str, str], others: Iterable[str] = (),
             record: Iterable[tuple[str, str | None]] = (), post_images: Mapping[str, set[str | None]] | None = None,
             top_level: Iterable[str] = (), pth: Mapping[str, bytes | None] | None = None,
@@ -219,6 +270,7 @@ def compare(ref: Reference, *, hashes: Mapping[str, str], others: Iterable[str] 
     added = [p for p in hashes if own(p) and not explained(p)]
     added += [p for p in others if own(p) and p not in ref.files]
     listed = set(listed_anywhere)
+    hack = False   # an accepted distutils-precedence.pth imports _distutils_hack at every start
     for name in top_level:
         if name.split(".", 1)[0] in STARTUP_MODULES:
             added.append(name)
@@ -227,6 +279,10 @@ def compare(ref: Reference, *, hashes: Mapping[str, str], others: Iterable[str] 
             digest = None if data is None else _sha256(data)
             if pth_added(name, digest, data, listed):
                 added.append(name)
+            else:
+                hack = hack or digest in KNOWN_PTH.get(name, ())
+    if hack:
+        added += distutils_hack_added(top_level, pth or {})
 
     disagrees = []
     rows: set[str] = set()

@@ -29,7 +29,7 @@ from typing import Any, BinaryIO
 from ..distname import filename_name
 from ..errors import AmbiguousDistribution, BadInput, TargetNotFound, UnreadableLayout, runs_first_message
 from ..inside.locate import RECORD_CAP, BadRecord, parse_record
-from ..references import PTH_CAP, STARTUP_MODULES, ScriptBytes, all_scripts, bytecode_source, script_rows
+from ..references import DISTUTILS_HACK, PTH_CAP, STARTUP_MODULES, ScriptBytes, all_scripts, bytecode_source, script_rows
 from ..references.installer import METADATA_CAP, METADATA_FILES, SCRIPT_CAP
 from .layers import Entry, KeepPredicate, LayerView, scan_layer
 from .layers import merge as merge_scans
@@ -44,7 +44,7 @@ _LANDMARK = re.compile(r"^(?:[^/]+/)*lib(?:64)?/python3\.\d+/os\.py$")
 _MODULE_FILE = re.compile(r"^(?P<name>[^./]+)(?:\..*)?\.(?:py|pyc|so|pyd)$")
 # targets/runtime.py's questions, kept by name wherever they are: module files of start-up hooks
 # (and of the distribution, below), and the bytes of Debian's sitecustomize.
-_STARTUP_PACKAGES = ("sitecustomize", "usercustomize", "apport_python_hook")
+_STARTUP_PACKAGES = ("sitecustomize", "usercustomize", "apport_python_hook", "_distutils_hack")
 _SITECUSTOMIZE = re.compile(r"^(?:etc/python3\.\d+|usr/lib/python3\.\d+)/sitecustomize\.py$")
 
 __all__ = ["Entry", "LayerView", "find_site", "folder_view", "merge_scans", "site_files", "status_keep",
@@ -75,6 +75,8 @@ def status_keep(distribution: str, keep_paths: Iterable[str] = ()) -> KeepPredic
                 return ("capped", RECORD_CAP)
             if not sep and first.endswith(".pth"):
                 return ("capped", PTH_CAP)
+            if match["rel"] == DISTUTILS_HACK:
+                return ("capped", PTH_CAP)   # what distutils-precedence.pth imports at every start
             if sep and _own(first, top) and first.endswith(".dist-info") and rest in METADATA_FILES:
                 return ("capped", METADATA_CAP)  # the installer's metadata: its shape is checked
             if first == "bin" and rest in scripts:
@@ -286,8 +288,8 @@ def _extra_facts(view: LayerView, real: str, own: Callable[[str], bool]) -> dict
         if entry.kind != "file":
             continue
         first, sep, rest = rel.partition("/")
-        if not sep:
-            if rel.endswith(".pth"):
+        if not sep or rel == DISTUTILS_HACK:
+            if rel.endswith(".pth") or rel == DISTUTILS_HACK:
                 pth[rel] = None if entry.too_large else entry.data
             continue
         if not own(first):

@@ -19,7 +19,7 @@ from ..distname import canonical_name
 from ..errors import AmbiguousDistribution, TargetNotFound
 from ..inside.integrity import installer_files, own_folders
 from ..inside.locate import BadRecord, read_record_rows
-from ..references import PTH_CAP, all_scripts, script_rows
+from ..references import DISTUTILS_HACK, PTH_CAP, all_scripts, script_rows
 from .facts import file_chunks, read_facts
 from .sitefiles import SiteFiles
 
@@ -114,6 +114,12 @@ def read_site(root: Path, distribution: str, *, keep: Iterable[str] = ()) -> Sit
             st = entry.stat(follow_symlinks=False)
             pth[entry.name] = (Path(entry.path).read_bytes() if stat.S_ISREG(st.st_mode) and st.st_size <= PTH_CAP
                                else None)
+    hack = root / DISTUTILS_HACK   # what setuptools' distutils-precedence.pth imports at every start
+    try:
+        st = hack.lstat()
+        pth[DISTUTILS_HACK] = hack.read_bytes() if stat.S_ISREG(st.st_mode) and st.st_size <= PTH_CAP else None
+    except FileNotFoundError:
+        pass
     listed: set[str] = set()
     for info in root.glob("*.dist-info"):
         try:

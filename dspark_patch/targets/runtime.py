@@ -15,8 +15,8 @@ to /etc/pythonX.Y/sitecustomize.py, whose known text imports `apport_python_hook
 one. `PYTHONHOME` moves the standard library and the site folders.
 
 `runs_first` names each of these that holds what `import vllm` would take first (a package with
-an `__init__.py`, or a module file `vllm.py`, `vllm.pyc`, `vllm*.so`), a `sitecustomize` or
-`usercustomize` there, a Debian sitecustomize that is not Debian's, an `apport_python_hook`
+an `__init__.py`, or a module file `vllm.py`, `vllm.pyc`, `vllm*.so`), a `sitecustomize`,
+`usercustomize` or `_distutils_hack` there (what setuptools' `.pth` imports at start), a Debian sitecustomize that is not Debian's, an `apport_python_hook`
 the Debian one would import, and `PYTHONHOME`. Only what the config says and a path stat shows:
 nothing runs. Both status routes, `verify` and `apply` ask it (one rule), docs/status.md.
 Stdlib-free of the engine: `stat` and `read_small` are the caller's.
@@ -36,6 +36,9 @@ ReadSmall = Callable[[str], "bytes | None"]
 _DEBIAN_SITECUSTOMIZE_TEXT = (b"# install the apport exception handler if available\ntry:\n    import apport_python_hook\n"
                               b"except ImportError:\n    pass\nelse:\n    apport_python_hook.install()\n")
 _OPTIONS_WITH_VALUE = frozenset("WXQ")
+# Modules that run at start: `site` imports the first two; setuptools' distutils-precedence.pth
+# (in any site folder) imports the first `_distutils_hack` on sys.path.
+_STARTUP = ("sitecustomize", "usercustomize", "_distutils_hack")
 
 
 def _known_sitecustomize(data: bytes) -> bool:
@@ -82,7 +85,7 @@ def _home(config: Mapping[str, Any], env: Mapping[str, str], read_small: ReadSma
 def _holders(folder: str, top: str, python: str | None, stat: interp.Stat) -> list[str]:
     """What `import top` would take from `folder`, and start-up modules there."""
     found = []
-    for package in (top, "sitecustomize", "usercustomize"):
+    for package in (top, *_STARTUP):
         # A path stat through a file is an error on some engines: ask for the folder first.
         inside = stat(f"{folder}/{package}")
         if (inside is None or is_dir(inside)) and _exists(stat(f"{folder}/{package}/__init__.py")):
@@ -91,7 +94,7 @@ def _holders(folder: str, top: str, python: str | None, stat: interp.Stat) -> li
     names = [f"{top}.py", f"{top}.pyc", f"{top}.so", f"{top}.abi3.so"]
     if tag:
         names += [f"{top}.cpython-{tag}-{arch}-linux-gnu.so" for arch in ("x86_64", "aarch64")]
-    names += ["sitecustomize.py", "usercustomize.py", "sitecustomize.pyc", "usercustomize.pyc"]
+    names += [f"{name}.{ext}" for name in _STARTUP for ext in ("py", "pyc")]
     found += [f"{folder}/{name}" for name in names if _exists(stat(f"{folder}/{name}"))]
     return found
 
