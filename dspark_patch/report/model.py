@@ -52,7 +52,9 @@ class PatchReport:
     id: str | None            # None for a bare diff file
     variant: str | None
     sha256: str               # of the diff bytes
-    source: str               # where the diff came from (patch set dir or file)
+    # The diff's path inside its patch set's folder ("vllm-0.33.0.patch"; a bare diff: its file
+    # name): the same on every machine, never where the checkout happens to be.
+    source: str
     hash_checks: bool         # False for a bare diff or --allow-unknown-base
     # The variant's review state from patch.toml (None for a bare diff); "unreviewed" only
     # reaches an applied report with --allow-unreviewed.
