@@ -195,6 +195,14 @@ def test_evaluate_records_option_names_and_only_allow_listed_values(args, kept, 
     assert list(recorded.redacted_args) == which
 
 
+def test_evaluate_refuses_a_password_in_the_image_reference_without_repeating_it(tmp_path: Path):
+    with pytest.raises(BadInput) as caught:
+        evaluate_image(NoEngine(), image_ref="alice:CANARYpw@127.0.0.1:5000/m:1", server_args=[], env={},
+                       report_dir=tmp_path / "r", timeout=10, gpus=False)
+    assert "CANARY" not in caught.value.line() and "***@127.0.0.1:5000/m:1" in caught.value.line()
+    assert not (tmp_path / "r").exists()
+
+
 def test_evaluate_record_env_must_name_a_given_variable(tmp_path: Path):
     with pytest.raises(BadInput, match="--record-env HF_HOMR"):
         evaluate_image(NoEngine(), image_ref="img", server_args=[], env={"HF_HOME": "/c"},

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..errors import BadInput
+from ..imageref import ImageRef
 from ..serialise import dumps
 from .compare import DEFAULT_TOLERANCE_GIB, compare_logs
 from .kvlog import FLAG, parse_server_log
@@ -147,6 +148,7 @@ def evaluate_image(
         raise BadInput(f"--record-env {unknown[0]}: no --env {unknown[0]}=VALUE is given",
                        hint="name a variable given with --env")
     # Arguments first: a refusal must not depend on the image being there.
+    ImageRef.refuse_userinfo(image_ref)
     check_no_experiment_flags(env=env, server_args=server_args)
     info = engine.image_info(image_ref)
     image_env = tuple((info.config or {}).get("Env") or ())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..imageref import ImageRef
 from ..targets.base import PullPolicy
 
 
@@ -24,6 +25,14 @@ class ImageSpec:
     # For an image index in a registry: `linux/amd64`, a comma list, or `all`; None is the
     # engine's own platform (pipeline/index_run.py).
     platform: str | None = None
+
+    def __post_init__(self) -> None:
+        # Read before any work (BadInput, exit 2): a malformed --tag found after the commit, or a
+        # reference with a password in it reaching the engine, the reports and their errors.
+        if not ImageRef.is_image_id(self.ref):
+            ImageRef.parse(self.ref)
+        if self.tag is not None:
+            ImageRef.parse(self.tag)
 
 
 TargetSpec = LocalSpec | ImageSpec
