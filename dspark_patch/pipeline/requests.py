@@ -51,6 +51,7 @@ class ApplyRequest:
     # A private key (PEM): after the push, the in-toto statement is signed with it (DSSE) and
     # attached to each pushed manifest in the registry (pipeline/attestation.py).
     sign_key: str | None = None
+    allow_open_key: bool = False   # sign with a key group or others may read (refused otherwise)
 
 
 @dataclass(frozen=True, kw_only=True)
