@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from .evidence import redact, redact_all
+
 SCHEMA = "dspark-patch/audit/v1"
 
 Status = Literal["applied", "already-applied", "verified", "dry-run", "probed", "failed"]
@@ -174,6 +176,9 @@ class StepReport:
     seconds: float
     detail: str = ""
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "detail", redact(self.detail))   # report/evidence.py
+
 
 @dataclass(frozen=True, kw_only=True)
 class ErrorReport:
@@ -181,6 +186,12 @@ class ErrorReport:
     message: str
     hint: str | None
     exit_code: int
+
+    def __post_init__(self) -> None:
+        # The error line as evidence may hold it (report/evidence.py); stderr prints the
+        # exception's own line.
+        object.__setattr__(self, "message", redact(self.message))
+        object.__setattr__(self, "hint", None if self.hint is None else redact(self.hint))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -251,6 +262,9 @@ class AuditReport:
     steps: tuple[StepReport, ...] = ()
     errors: tuple[ErrorReport, ...] = ()
     notes: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "notes", redact_all(self.notes))   # report/evidence.py
 
     @property
     def ok(self) -> bool:
