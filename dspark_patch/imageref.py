@@ -30,6 +30,7 @@ _TAG = re.compile(r"[\w][\w.-]{0,127}", re.ASCII)
 _DIGEST = re.compile(r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}")
 _DIGEST_HEX = {"sha256": 64, "sha512": 128}
 _ID = re.compile(r"[a-f0-9]{64}")
+IMAGE_ID = re.compile(r"(?:sha256:)?[0-9a-f]{12,64}")
 NAME_LIMIT = 255
 # Docker Hub's one-component names (`ubuntu`) are `library/ubuntu` there.
 HUB_NAMESPACE = "library"
@@ -51,9 +52,13 @@ class ImageRef:
 
         if not text:
             raise bad("it is empty")
+        cls.refuse_userinfo(text)
         rest, at, digest = text.partition("@")
         if at and not _DIGEST.fullmatch(digest):
-            raise bad(f"the digest {digest!r} is not ALGORITHM:HEX")
+            # What precedes '@' is not quoted either: it may be a password (`user:pw@host:5000`).
+            raise BadInput(f"'***@{digest}' is not an image reference: the digest {digest!r} is not "
+                           "ALGORITHM:HEX (the part before '@' is not repeated here)",
+                           hint="write it as [HOST[:PORT]/]PATH[:TAG][@sha256:DIGEST]")
         if at:
             algorithm, _, hex_part = digest.partition(":")
             if algorithm in _DIGEST_HEX and len(hex_part) != _DIGEST_HEX[algorithm]:
@@ -89,6 +94,20 @@ class ImageRef:
             raise bad("a 64-digit hex string is an image id, not a repository")
         return cls(registry=registry, repository=path, tag=tag, digest=digest or None)
 
+    @staticmethod
+    def refuse_userinfo(text: str) -> None:
+        """BadInput for `user:password@host/repo:tag` (what follows '@' is not a digest: it holds a
+        '/' or another '@'), quoting only what follows the last '@': the line goes to stderr, the
+        reports and CI logs, so the credential is never repeated, not even to say it is wrong."""
+        digest = text.partition("@")[2]
+        if "@" in text and ("/" in digest or "@" in digest or "://" in text):
+            raise BadInput(
+                f"'***@{text.rpartition('@')[2]}' is not an image reference: it holds a user name or "
+                "password before '@' (not repeated here)",
+                hint="log in with `docker login HOST` (credentials come from the docker config) "
+                "and give HOST/PATH:TAG",
+            )
+
     @classmethod
     def host_of(cls, text: str) -> str | None:
         """The registry `text` names, or None: a Docker Hub name, an image id or anything that is
@@ -97,6 +116,11 @@ class ImageRef:
             return cls.parse(text).registry
         except BadInput:
             return None
+
+    @staticmethod
+    def is_image_id(text: str) -> bool:
+        """An image id, full or short (`sha256:<hex>`, `<hex>`): it names an image on one engine."""
+        return bool(IMAGE_ID.fullmatch(text))
 
     @property
     def name(self) -> str:
@@ -119,4 +143,4 @@ class ImageRef:
         return self.name + (f":{self.tag}" if self.tag else "") + (f"@{self.digest}" if self.digest else "")
 
 
-__all__ = ["HUB_NAMESPACE", "NAME_LIMIT", "ImageRef"]
+__all__ = ["HUB_NAMESPACE", "IMAGE_ID", "NAME_LIMIT", "ImageRef"]

@@ -76,6 +76,7 @@ def test_keys_other_than_p256_and_ed25519_are_bad_input(tmp_path):
         path = tmp_path / f"{name}.key"
         path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                            serialization.NoEncryption()))
+        path.chmod(0o600)
         with pytest.raises(BadInput, match="only ECDSA P-256 and Ed25519"):
             load_signer(path)
     with pytest.raises(BadInput, match="no such file"):
@@ -96,6 +97,20 @@ def test_the_cli_refuses_sign_key_without_push_and_attestation_without_key(tmp_p
     res = run("apply", "--image", "127.0.0.1:1/none:1", "--tag", "127.0.0.1:1/none:2", "--push",
               "--sign-key", str(tmp_path / "absent.key"), "--report-dir", str(tmp_path / "d"))
     assert "absent.key: no such file" in res.assert_clean_error(2)
+
+
+@pytest.mark.parametrize("mode", [0o640, 0o604, 0o620])
+def test_a_signing_key_group_or_others_may_open_is_refused_unless_allowed(tmp_path, mode):
+    pair = make_key(tmp_path, "k")
+    pair.private.chmod(mode)
+    res = run("apply", "--image", "127.0.0.1:1/none:1", "--tag", "127.0.0.1:1/none:2", "--push",
+              "--sign-key", str(pair.private), "--report-dir", str(tmp_path / "r"),
+              env={"DOCKER_HOST": "unix:///nonexistent"})
+    line = res.assert_clean_error(2)   # before any work: exit 3 would mean the engine was tried
+    assert f"mode {mode:04o}" in line and "chmod 600" in line and "--allow-open-key" in line
+    assert load_signer(pair.private, allow_open=True).keyid == keyid(pair.public)
+    pair.private.chmod(0o600)
+    assert load_signer(pair.private).keyid == keyid(pair.public)
 
 
 def test_a_registry_with_the_referrers_api_is_used_and_no_fallback_tag_is_written(tmp_path):

@@ -16,6 +16,7 @@ from dspark_patch.cli.evaluate import register
 from dspark_patch.errors import BadInput, DsparkPatchError
 from dspark_patch.evaluate.compare import compare_logs
 from dspark_patch.evaluate.kvlog import FLAG, parse_server_log
+from dspark_patch.evaluate.redact import record
 from dspark_patch.evaluate.runs import check_no_experiment_flags, evaluate_image
 from dspark_patch.evaluate.server import run_server
 from dspark_patch.targets.docker import DockerEngine
@@ -170,6 +171,45 @@ def test_evaluate_cli_refusal_exits_2_naming_the_item(tmp_path: Path):
     assert code == 2 and "VLLM_PCAI_X" in message
 
 
+# --- evaluate: what the report records of the environment and the arguments ---------------
+def test_evaluate_records_env_names_and_flag_values_and_only_named_values():
+    recorded = record({"HF_TOKEN": "hf_canary_token", "HF_HOME": "/models/cache", FLAG: "1"}, [],
+                      keep_env=["HF_HOME"])
+    assert recorded.env == (("HF_HOME", "/models/cache"), ("HF_TOKEN", "***"), (FLAG, "1"))
+    assert recorded.redacted_env == ("HF_TOKEN",)
+    assert recorded.scrub("token=hf_canary_token home=/models/cache") == "token=*** home=/models/cache"
+
+
+@pytest.mark.parametrize(("args", "kept", "which"), [
+    (["--api-key", "sk-canary", "--model", "org/m", "--tensor-parallel-size", "2"],
+     ["--api-key", "***", "--model", "org/m", "--tensor-parallel-size", "2"], ["--api-key"]),
+    (["--api-key=sk-canary", "-tp", "2", "--max-num-batched-tokens=4096"],
+     ["--api-key=***", "-tp", "2", "--max-num-batched-tokens=4096"], ["--api-key"]),
+    # A positional, and a word after a flag that takes no value, may be anything: not recorded.
+    (["serve", "org/m", "--enforce-eager", "hunter22", "--seed", "-1"],
+     ["***", "***", "--enforce-eager", "***", "--seed", "-1"], ["argument 1", "argument 2", "--enforce-eager"]),
+])
+def test_evaluate_records_option_names_and_only_allow_listed_values(args, kept, which):
+    recorded = record({}, args)
+    assert list(recorded.args) == kept
+    assert list(recorded.redacted_args) == which
+
+
+def test_evaluate_refuses_a_password_in_the_image_reference_without_repeating_it(tmp_path: Path):
+    with pytest.raises(BadInput) as caught:
+        evaluate_image(NoEngine(), image_ref="alice:CANARYpw@127.0.0.1:5000/m:1", server_args=[], env={},
+                       report_dir=tmp_path / "r", timeout=10, gpus=False)
+    assert "CANARY" not in caught.value.line() and "***@127.0.0.1:5000/m:1" in caught.value.line()
+    assert not (tmp_path / "r").exists()
+
+
+def test_evaluate_record_env_must_name_a_given_variable(tmp_path: Path):
+    with pytest.raises(BadInput, match="--record-env HF_HOMR"):
+        evaluate_image(NoEngine(), image_ref="img", server_args=[], env={"HF_HOME": "/c"},
+                       report_dir=tmp_path / "r", timeout=10, gpus=False, record_env=["HF_HOMR"])
+    assert not (tmp_path / "r").exists()
+
+
 # --- evaluate end to end, on a real engine, with a TEST DOUBLE of a vLLM server -------------
 @pytest.fixture(scope="module")
 def kvlog_double() -> str:
@@ -201,7 +241,8 @@ def test_evaluate_with_the_kv_log_double_passes_with_the_same_image_and_only_the
     report = tmp_path / "report"
     code, out, message = invoke(
         "evaluate", "--image", kvlog_double, "--no-gpus", "--timeout", "60", "--report-dir", str(report),
-        "--env", "HF_HOME=/models/cache", "--json", "--", "--model", "/models/x", "--tensor-parallel-size", "2",
+        "--env", "HF_HOME=/models/cache", "--record-env", "HF_HOME", "--json",
+        "--", "--model", "/models/x", "--tensor-parallel-size", "2",
     )
     assert code == 0, message
     doc = json.loads(out)
@@ -211,6 +252,7 @@ def test_evaluate_with_the_kv_log_double_passes_with_the_same_image_and_only_the
     assert off["image_id"] == on["image_id"] == doc["image_id"] == image_id
     assert (off["flag_value"], on["flag_value"]) == ("0", "1")
     assert off["args"] == on["args"] == ["--model", "/models/x", "--tensor-parallel-size", "2"]
+    assert ["HF_HOME", "/models/cache"] in off["env"] and doc["redacted_env"] == doc["redacted_args"] == []
     # What the servers themselves saw: same args, same environment but for the flag.
     logs = [(report / "server-flag-off.log").read_text(), (report / "server-flag-on.log").read_text()]
     for log in logs:
@@ -224,6 +266,30 @@ def test_evaluate_with_the_kv_log_double_passes_with_the_same_image_and_only_the
     assert saved == doc
     assert saved["comparison"]["delta_tokens"] == 20_876
     assert saved["comparison"]["omission_ranks_on"] == ["TP0", "TP1"]
+
+
+@pytest.mark.engine
+def test_evaluate_with_the_kv_log_double_records_no_secret_value_and_says_which_it_left_out(
+    tmp_path: Path, kvlog_double: str,
+):
+    report = tmp_path / "report"
+    code, out, message = invoke(
+        "evaluate", "--image", kvlog_double, "--no-gpus", "--timeout", "60", "--report-dir", str(report),
+        "--env", "HF_TOKEN=hf_CANARYtoken", "--json",
+        "--", "--model", "/models/x", "--api-key", "sk-CANARYkey", "--tensor-parallel-size=2",
+    )
+    assert code == 0, message
+    doc = json.loads(out)
+    assert doc["verdict"] == "pass", doc["reasons"]
+    assert doc["redacted_env"] == ["HF_TOKEN"] and doc["redacted_args"] == ["--api-key"]
+    for run in doc["runs"]:
+        assert ["HF_TOKEN", "***"] in run["env"] and [FLAG, run["flag_value"]] in run["env"]
+        assert run["args"] == ["--model", "/models/x", "--api-key", "***", "--tensor-parallel-size=2"]
+    assert "CANARY" not in out
+    # The servers saw the values; nothing written to the report folder holds them.
+    for path in report.iterdir():
+        assert "CANARY" not in path.read_text(), path.name
+    assert "--api-key ***" in (report / "server-flag-on.log").read_text()
 
 
 @pytest.mark.engine

@@ -87,3 +87,44 @@ def test_parse_refuses_with_one_line(text: str, why: str) -> None:
     assert why in message
     assert "\n" not in message
     assert caught.value.exit_code == 2
+
+
+@pytest.mark.parametrize("text", [
+    "alice:CANARYpw@127.0.0.1:5000/dspark/vllm:1.0",
+    "alice@127.0.0.1:5000/dspark/vllm",
+    "https://alice:CANARYpw@127.0.0.1:5000/dspark/vllm:1.0",
+    "alice:CANARY@pw@127.0.0.1:5000/dspark/vllm",
+    "alice:CANARYpw@127.0.0.1:5000",
+])
+def test_a_reference_with_a_user_or_password_is_refused_without_repeating_it(text: str) -> None:
+    with pytest.raises(BadInput) as caught:
+        ImageRef.parse(text)
+    line = caught.value.line()
+    assert "CANARY" not in line and "alice" not in line and "\n" not in line
+    assert caught.value.exit_code == 2
+    assert "127.0.0.1:5000" in line   # what it names is still said
+
+
+def test_the_command_line_refuses_a_password_in_image_or_tag_before_any_work(tmp_path) -> None:
+    from tests.support.cli import run
+
+    # No engine is reached (the fast tier points DOCKER_HOST at nothing: that would be exit 3),
+    # no report is written, and the password is on no line.
+    for args in (["apply", "--image", "alice:CANARYpw@127.0.0.1:5000/x:1"],
+                 ["verify", "--image", "alice:CANARYpw@127.0.0.1:5000/x:1"],
+                 ["apply", "--image", "127.0.0.1:5000/x:1", "--tag", "alice:CANARYpw@127.0.0.1:5000/x:2"],
+                 ["status", "--image", "alice:CANARYpw@127.0.0.1:5000/x:1"]):
+        res = run(*args, "--report-dir", str(tmp_path / "r"), env={"DOCKER_HOST": "unix:///nonexistent"})
+        line = res.assert_clean_error(2)
+        assert "CANARY" not in res.stderr + res.stdout and "***@127.0.0.1:5000/x" in line, args
+        assert not (tmp_path / "r").exists()
+
+
+def test_a_malformed_tag_is_one_line_and_exit_2_before_any_work(tmp_path) -> None:
+    from tests.support.cli import run
+
+    res = run("apply", "--image", "127.0.0.1:5000/x:1", "--tag", "repo/UPPER:1", "--report-dir", str(tmp_path / "r"),
+              env={"DOCKER_HOST": "unix:///nonexistent"})
+    line = res.assert_clean_error(2)
+    assert "'repo/UPPER:1' is not an image reference" in line and "lowercase" in line
+    assert not (tmp_path / "r").exists()

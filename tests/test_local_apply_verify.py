@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -131,6 +132,23 @@ def test_compile_error_restores_the_pre_image(vllm033_tree: Path, tmp_path: Path
     line = res.assert_clean_error(1)
     assert "vllm/envs.py" in line and "compile" in line
     assert snapshot(vllm033_tree) == before
+
+
+def test_the_same_patch_set_in_two_folders_gives_the_same_patch_section(patched033_tree: Path, tmp_path: Path) -> None:
+    sections = []
+    for machine in ("machine-a/home/alice/checkout", "machine-b/builds/group/project"):
+        folder = tmp_path / machine / "dspark-skip-mtp-buffer"
+        shutil.copytree(PATCH_SET.source, folder)
+        res = run("verify", "--root", str(patched033_tree), "--python", PY, "--no-probe", "--patch", str(folder),
+                  "--report-dir", str(tmp_path / machine / "report"))
+        assert res.returncode == 0, res.stderr
+        sections.append(json.loads((tmp_path / machine / "report" / "audit.json").read_text())["patch"])
+        for written in (tmp_path / machine / "report").iterdir():
+            assert machine not in written.read_text(), written.name
+    assert sections[0] == sections[1]
+    assert sections[0]["source"] == "vllm-0.33.0.patch"
+    assert (sections[0]["id"], sections[0]["variant"], sections[0]["sha256"]) == (
+        "dspark-skip-mtp-buffer", "vllm-0.33.0", VARIANT.diff_sha256)
 
 
 def test_verify_catches_stale_bytecode(patched033_tree: Path, tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ import binascii
 import hashlib
 import json
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -96,9 +97,29 @@ class Verifier:
         return True
 
 
-def load_signer(path: Path) -> Signer:
-    """The private key at `path` (PEM, PKCS#8; encrypted: passphrase from DSPARK_PATCH_SIGN_PASSPHRASE)."""
-    pem = _read(path, "--sign-key")
+def _read_private(path: Path, *, allow_open: bool) -> bytes:
+    """The key file's bytes, refused (like ssh) when its mode lets group or others read or write
+    it: whoever can read the key can sign attestations the cluster's policy admits, so a key
+    others can read is a key already shared. The mode is read from the file opened."""
+    try:
+        with open(path, "rb") as handle:
+            mode = os.fstat(handle.fileno()).st_mode
+            data = handle.read()
+    except FileNotFoundError:
+        raise BadInput(f"--sign-key {path}: no such file") from None
+    except OSError as exc:
+        raise BadInput(f"--sign-key {path}: cannot read it ({exc.strerror})") from None
+    if mode & 0o077 and not allow_open:
+        raise BadInput(f"--sign-key {path} is open to group or others (mode {stat.S_IMODE(mode):04o}): "
+                       "a signing key must be readable by its owner only",
+                       hint=f"chmod 600 {path}, or pass --allow-open-key")
+    return data
+
+
+def load_signer(path: Path, *, allow_open: bool = False) -> Signer:
+    """The private key at `path` (PEM, PKCS#8; encrypted: passphrase from DSPARK_PATCH_SIGN_PASSPHRASE);
+    one group or others may read is refused unless `allow_open`."""
+    pem = _read_private(path, allow_open=allow_open)
     passphrase = os.environ.get(PASSPHRASE_ENV)
     try:
         key = serialization.load_pem_private_key(pem, password=passphrase.encode() if passphrase else None)

@@ -33,6 +33,7 @@ def apply(
     force: Annotated[bool, typer.Option("--force", help="Move an existing --tag to the new image.")] = False,
     push: Annotated[bool, typer.Option("--push", help="Push --tag through the engine after committing. For an index: every platform image, then the new index (only if every platform passed).")] = False,
     sign_key: Annotated[Path | None, typer.Option("--sign-key", help="With --push: sign the in-toto statement with this private key (PEM, PKCS#8, ECDSA P-256 or Ed25519; passphrase from DSPARK_PATCH_SIGN_PASSPHRASE) and attach it to each pushed manifest in the registry.")] = None,
+    allow_open_key: Annotated[bool, typer.Option("--allow-open-key", help="Sign with a --sign-key file that group or others may read (refused otherwise, as ssh refuses such a key: see docs/attestations.md).")] = False,
     report_dir: common.ReportDirOpt = None,
     junit: common.JunitOpt = None,
     as_json: common.JsonOpt = False,
@@ -44,7 +45,7 @@ def apply(
         target=common.target_spec(root, image, python, pull=pull, tag=tag, force=force, push=push, platform=platform),
         patch=patch, strip=strip, dry_run=dry_run, compile=not no_compile, probe=not no_probe,
         allow_unknown_base=allow_unknown_base, allow_unreviewed=allow_unreviewed,
-        sign_key=str(sign_key) if sign_key else None,
+        sign_key=str(sign_key) if sign_key else None, allow_open_key=allow_open_key,
     )
     with output.pull_display() as pulls:
         report = pipeline.apply(request, on_step=output.step_printer(not as_json), on_pull=pulls)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from ..errors import BadInput, EvaluationFailed
@@ -107,7 +108,14 @@ def evaluate(
     server_args: list[str] | None = typer.Argument(
         None, metavar="-- SERVER_ARGS...", help="Arguments for the image's entrypoint, the same in both runs.",
     ),
-    env: list[str] = typer.Option([], "--env", metavar="K=V", help="Environment for both runs (repeatable)."),
+    env: list[str] = typer.Option([], "--env", metavar="K=V", help="Environment for both runs (repeatable). "
+                                  "The report records the names; values only with --record-env."),
+    record_env: list[str] = typer.Option(
+        [], "--record-env", metavar="NAME",
+        help="Record this --env variable's value in the report, not *** (repeatable; for values that "
+        "are safe to publish, such as HF_HOME). Server arguments' values are recorded only for "
+        "options that describe the model and its geometry (docs/evidence.md).",
+    ),
     timeout: float = typer.Option(1800.0, "--timeout", metavar="S", help="Per run: seconds to wait for the KV lines."),
     report_dir: Path = typer.Option(
         Path("dspark-evaluation"), "--report-dir", metavar="DIR", help="Where the report and both logs go."
@@ -123,7 +131,7 @@ def evaluate(
     result = evaluate_image(
         DockerEngine(), image_ref=image, server_args=list(server_args or ()),
         env=parse_env_items(env), report_dir=report_dir, timeout=timeout, gpus=gpus,
-        tolerance_gib=tolerance, expect_mib=expect_mib,
+        tolerance_gib=tolerance, expect_mib=expect_mib, record_env=tuple(record_env),
     )
     if as_json:
         _print_json(result)
@@ -190,6 +198,11 @@ def _show_evaluation(result: EvaluationResult) -> None:
         output.show_rich(
             f"  flag {run.flag} ({FLAG}={run.flag_value}): container {run.container_id[:12]}, "
             f"ready={run.ready}, exit={_fmt(run.exit_code)}, log {run.log_file}"
+        )
+    if result.redacted_env or result.redacted_args:
+        output.show_rich(
+            "recorded as ***: " + escape(", ".join([*(f"--env {name}" for name in result.redacted_env),
+                                                    *dict.fromkeys(result.redacted_args)]))
         )
     _show_comparison(result.comparison, verdict=False)
     for note in result.notes:

@@ -12,7 +12,9 @@ from typing import Literal
 
 ESTIMATE_SCHEMA = "dspark-patch/estimate/v1"
 KV_COMPARE_SCHEMA = "dspark-patch/kv-compare/v1"
-EVALUATION_SCHEMA = "dspark-patch/evaluation/v1"
+# v2: `runs[].env` values and `runs[].args` values are redacted unless known safe
+# (evaluate/redact.py), and `redacted_env` / `redacted_args` say which.
+EVALUATION_SCHEMA = "dspark-patch/evaluation/v2"
 
 Verdict = Literal["pass", "fail"]
 FlagState = Literal["off", "on"]
@@ -132,8 +134,8 @@ class ServerRunLog:
     flag_value: str                      # the value given to VLLM_PCAI_DSPARK_SKIP_MTP_BUFFER
     image_id: str
     container_id: str
-    env: tuple[tuple[str, str], ...]     # everything passed to the container, sorted
-    args: tuple[str, ...]
+    env: tuple[tuple[str, str], ...]     # every name passed to the container, sorted; values as recorded
+    args: tuple[str, ...]                # as recorded: values not known safe are "***"
     exit_code: int | None
     ready: bool                          # the stop condition was met before the timeout
     log_file: str
@@ -152,6 +154,10 @@ class EvaluationResult:
     verdict: Verdict
     reasons: tuple[str, ...]
     notes: tuple[str, ...] = ()          # how each run ended (timeout, exit) and the comparison's notes
+    # What the record leaves out (evaluate/redact.py): the --env variables whose values are
+    # "***", and per redacted argument the option it is the value of (or "argument N").
+    redacted_env: tuple[str, ...] = ()
+    redacted_args: tuple[str, ...] = ()
     schema: str = EVALUATION_SCHEMA
 
     @property

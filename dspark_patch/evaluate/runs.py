@@ -12,15 +12,17 @@ module never touches Docker itself; each run is `server.run_server`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 from ..errors import BadInput
+from ..imageref import ImageRef
 from ..serialise import dumps
 from .compare import DEFAULT_TOLERANCE_GIB, compare_logs
 from .kvlog import FLAG, parse_server_log
 from .model import EvaluationResult, FlagState, ServerRunLog
+from .redact import record
 from .server import ContainerEngine, run_server
 
 FLAG_VALUES: dict[FlagState, str] = {"off": "0", "on": "1"}
@@ -132,11 +134,21 @@ def evaluate_image(
     engine: ServerEngine, *, image_ref: str, server_args: Sequence[str],
     env: Mapping[str, str], report_dir: Path, timeout: float, gpus: bool = True,
     tolerance_gib: float = DEFAULT_TOLERANCE_GIB, expect_mib: float | None = None,
+    record_env: Collection[str] = (),
 ) -> EvaluationResult:
-    """Start the image flag off, then flag on; compare the two logs; write the report."""
+    """Start the image flag off, then flag on; compare the two logs; write the report.
+
+    The report records `env` and `server_args` as evaluate/redact.py allows: names always,
+    values only of `record_env`'s variables, the flag and the allow-listed options; the saved
+    server logs have the values left out replaced as well."""
     if timeout <= 0:
         raise BadInput(f"--timeout must be positive, got {timeout}")
+    unknown = sorted(set(record_env) - set(env) - {FLAG})
+    if unknown:
+        raise BadInput(f"--record-env {unknown[0]}: no --env {unknown[0]}=VALUE is given",
+                       hint="name a variable given with --env")
     # Arguments first: a refusal must not depend on the image being there.
+    ImageRef.refuse_userinfo(image_ref)
     check_no_experiment_flags(env=env, server_args=server_args)
     info = engine.image_info(image_ref)
     image_env = tuple((info.config or {}).get("Env") or ())
@@ -153,12 +165,13 @@ def evaluate_image(
     notes: list[str] = []
     for state in ("off", "on"):
         run_env = {**env, FLAG: FLAG_VALUES[state]}
+        recorded = record(run_env, server_args, keep_env=record_env)
         run = run_server(
             engine, info.id, env=run_env, command_args=list(server_args), gpus=gpus,
             until=lambda text: server_ready(text, engines=engines), timeout=timeout,
         )
         log_file = report_dir / f"server-flag-{state}.log"
-        log_file.write_text(run.log, encoding="utf-8")
+        log_file.write_text(recorded.scrub(run.log), encoding="utf-8")
         logs[state] = run.log
         if run.image_id != info.id:
             reasons.append(f"the flag-{state} run used image {run.image_id}, not {info.id}")
@@ -172,8 +185,8 @@ def evaluate_image(
             )
         records.append(ServerRunLog(
             flag=state, flag_value=FLAG_VALUES[state], image_id=run.image_id,
-            container_id=run.container_id, env=tuple(sorted(run_env.items())),
-            args=tuple(server_args), exit_code=run.exit_code, ready=run.matched,
+            container_id=run.container_id, env=recorded.env,
+            args=recorded.args, exit_code=run.exit_code, ready=run.matched,
             log_file=str(log_file),
         ))
 
@@ -190,6 +203,7 @@ def evaluate_image(
         report_dir=str(report_dir), report_file=str(report_file),
         verdict="fail" if reasons else "pass", reasons=tuple(reasons),
         notes=(*notes, *comparison.notes),
+        redacted_env=recorded.redacted_env, redacted_args=recorded.redacted_args,
     )
     report_file.write_text(dumps(result), encoding="utf-8")
     return result

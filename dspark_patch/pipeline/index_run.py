@@ -44,7 +44,7 @@ def apply(request: ApplyRequest, *, on_step: StepCallback | None = None,
     from .runlog import target_report
 
     try:  # a key that cannot sign stops the run before any work
-        signer = load_signer(Path(request.sign_key))
+        signer = load_signer(Path(request.sign_key), allow_open=request.allow_open_key)
     except DsparkPatchError as exc:
         return RunLog.start("apply", target_report(request.target), on_step).report("failed", exc)
     report = _dispatch("apply", request, partial(commands.apply, on_pull=on_pull), on_step)

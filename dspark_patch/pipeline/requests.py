@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..imageref import ImageRef
 from ..targets.base import PullPolicy
 
 
@@ -25,6 +26,14 @@ class ImageSpec:
     # engine's own platform (pipeline/index_run.py).
     platform: str | None = None
 
+    def __post_init__(self) -> None:
+        # Read before any work (BadInput, exit 2): a malformed --tag found after the commit, or a
+        # reference with a password in it reaching the engine, the reports and their errors.
+        if not ImageRef.is_image_id(self.ref):
+            ImageRef.parse(self.ref)
+        if self.tag is not None:
+            ImageRef.parse(self.tag)
+
 
 TargetSpec = LocalSpec | ImageSpec
 
@@ -42,6 +51,7 @@ class ApplyRequest:
     # A private key (PEM): after the push, the in-toto statement is signed with it (DSSE) and
     # attached to each pushed manifest in the registry (pipeline/attestation.py).
     sign_key: str | None = None
+    allow_open_key: bool = False   # sign with a key group or others may read (refused otherwise)
 
 
 @dataclass(frozen=True, kw_only=True)

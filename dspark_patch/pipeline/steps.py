@@ -62,11 +62,21 @@ class CachingReader:
         return self._cache[path]
 
 
+def patch_source(patchset: PatchSet, variant: Variant) -> str:
+    """The diff's path relative to its patch set's folder (a bare diff: its file name).
+
+    Never the host path it was read from: the report is signed and published, and the same
+    patch must give the same `patch` section on every machine and checkout."""
+    if patchset.is_bare:
+        return variant.diff_path.name
+    return variant.diff_path.relative_to(patchset.source.resolve()).as_posix()
+
+
 def select_variant(patchset: PatchSet, dist: Distribution, strip: int | None, run: RunLog) -> tuple[Variant, Diff]:
     variant = patchset.variants[0] if patchset.is_bare else patchset.variant_for(dist.version)
     run.update(patch=PatchReport(
         id=patchset.id, variant=None if patchset.is_bare else variant.name, sha256=variant.diff_sha256,
-        source=str(variant.diff_path), hash_checks=not patchset.is_bare,
+        source=patch_source(patchset, variant), hash_checks=not patchset.is_bare,
         review=None if patchset.is_bare else variant.review,
     ))
     if patchset.is_bare:

@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from .evidence import redact, redact_all
+
 SCHEMA = "dspark-patch/audit/v1"
 
 Status = Literal["applied", "already-applied", "verified", "dry-run", "probed", "failed"]
@@ -52,7 +54,9 @@ class PatchReport:
     id: str | None            # None for a bare diff file
     variant: str | None
     sha256: str               # of the diff bytes
-    source: str               # where the diff came from (patch set dir or file)
+    # The diff's path inside its patch set's folder ("vllm-0.33.0.patch"; a bare diff: its file
+    # name): the same on every machine, never where the checkout happens to be.
+    source: str
     hash_checks: bool         # False for a bare diff or --allow-unknown-base
     # The variant's review state from patch.toml (None for a bare diff); "unreviewed" only
     # reaches an applied report with --allow-unreviewed.
@@ -172,6 +176,9 @@ class StepReport:
     seconds: float
     detail: str = ""
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "detail", redact(self.detail))   # report/evidence.py
+
 
 @dataclass(frozen=True, kw_only=True)
 class ErrorReport:
@@ -179,6 +186,12 @@ class ErrorReport:
     message: str
     hint: str | None
     exit_code: int
+
+    def __post_init__(self) -> None:
+        # The error line as evidence may hold it (report/evidence.py); stderr prints the
+        # exception's own line.
+        object.__setattr__(self, "message", redact(self.message))
+        object.__setattr__(self, "hint", None if self.hint is None else redact(self.hint))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -249,6 +262,9 @@ class AuditReport:
     steps: tuple[StepReport, ...] = ()
     errors: tuple[ErrorReport, ...] = ()
     notes: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "notes", redact_all(self.notes))   # report/evidence.py
 
     @property
     def ok(self) -> bool:

@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from .evidence import redact, redact_all
+
 STATUS_SCHEMA = "dspark-patch/status/v1"
 
 # applied: every file is its post-image; absent: every file is its pre-image; partial: some of
@@ -43,6 +45,12 @@ class ImageStatus:
     exit_code: int = 0                    # 0 clean, 1 findings or no vLLM, 2 bad reference, 3 engine
     installer_metadata: tuple[str, ...] = ()  # the installer's own files, accepted by their shape
     installer_findings: tuple[str, ...] = ()  # "path: why": named like the installer's files, and not (a finding)
+
+    def __post_init__(self) -> None:
+        # Why a row was not read, as evidence may hold it (report/evidence.py).
+        if self.error is not None:
+            object.__setattr__(self, "error", redact(self.error))
+        object.__setattr__(self, "attested_detail", redact_all(self.attested_detail))
 
     @property
     def findings(self) -> bool:

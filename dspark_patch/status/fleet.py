@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Literal
 
 from .. import __version__
 from ..errors import BadInput, DsparkPatchError, EngineUnreachable, EnvironmentProblem, TargetNotFound
+from ..imageref import ImageRef
 from ..patchset import PatchSet, available
 from ..registry.index import check_before_pull
 from ..report.status_model import FleetStatus, ImageStatus
@@ -48,6 +49,12 @@ class StatusRequest:
     key: str | None = None   # a public key (PEM): also report each applied patch set's attestation
     shard: Shard | None = None  # read only this share of roots + images (status/shard.py)
     cache_max: int | None = None   # the scan cache's bound in bytes (None: DSPARK_PATCH_CACHE_MAX or 1 GiB)
+
+    def __post_init__(self) -> None:
+        # Before any work: a password in a reference would reach the engine, the registry and the
+        # report's rows. Other malformed references are each image's own "not read" row.
+        for ref in self.images:
+            ImageRef.refuse_userinfo(ref)
 
 
 def read_refs_file(path: Path) -> tuple[str, ...]:

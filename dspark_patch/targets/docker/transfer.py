@@ -25,14 +25,13 @@ from ...imageref import ImageRef
 from ...registry.index import docker_config_file
 from ..base import PullCallback, PullProgress
 
-_IMAGE_ID = re.compile(r"^(sha256:)?[0-9a-f]{12,64}$")
 _REFUSED = re.compile(r"unauthori[sz]ed|authentication required|no basic auth credentials|denied", re.I)
 _ABSENT = re.compile(r"manifest unknown|not found|does not exist|name unknown", re.I)
 
 
 def is_image_id(ref: str) -> bool:
     """An image id (full or short) names an image on this engine only: there is nothing to pull."""
-    return bool(_IMAGE_ID.match(ref))
+    return ImageRef.is_image_id(ref)
 
 
 def pull_image(api: docker.APIClient, ref: str, *, platform: str | None = None,
