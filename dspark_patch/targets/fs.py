@@ -31,7 +31,7 @@ def resolve_inside(root: Path, rel: str) -> Path:
     loop of them) would take outside the tree.
     """
     base = _root(root)
-    _check_relative(rel)
+    check_relative(rel)
     full = os.path.realpath(os.path.join(base, rel))
     if not _is_inside(full, base):
         raise UnsafePatch(
@@ -203,7 +203,7 @@ def _put(dest: Path, data: bytes, mode: int) -> None:
 
 def _write_path(root: Path, rel: str, parents: dict[str, Path]) -> Path:
     """Where `rel` is written: its directory resolved inside the tree (`_check` refuses a name that is a link)."""
-    _check_relative(rel)
+    check_relative(rel)
     head, _, name = rel.rstrip("/").rpartition("/")
     parent = parents.get(head)
     if parent is None:
@@ -218,7 +218,7 @@ def _root(root: Path) -> Path:
     return base
 
 
-def _check_relative(rel: str) -> None:
+def check_relative(rel: str) -> None:
     if not rel or "\0" in rel:
         raise UnsafePatch(f"{rel!r}: not a usable relative path")
     if rel.startswith("/"):
