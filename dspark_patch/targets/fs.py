@@ -32,7 +32,10 @@ def resolve_inside(root: Path, rel: str) -> Path:
     """
     base = _root(root)
     check_relative(rel)
-    full = os.path.realpath(os.path.join(base, rel))
+    try:
+        full = os.path.realpath(os.path.join(base, rel))
+    except (OSError, RecursionError) as exc:
+        raise UnsafePatch(f"{_short(rel)}: cannot be resolved in the tree ({exc})") from None
     if not _is_inside(full, base):
         raise UnsafePatch(
             f"{rel}: resolves to {full}, outside the tree {base} (through a symbolic link)",
@@ -48,11 +51,14 @@ def read_inside(root: Path, rel: str) -> bytes | None:
     path = resolve_inside(root, rel)
     try:
         st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            raise BadInput(f"{rel}: is not a regular file", hint="the patch can only change regular files")
+        return path.read_bytes()
     except FileNotFoundError:
         return None
-    if not stat.S_ISREG(st.st_mode):
-        raise BadInput(f"{rel}: is not a regular file", hint="the patch can only change regular files")
-    return path.read_bytes()
+    except OSError as exc:  # through a regular file (ENOTDIR), a name or path too long, ...
+        raise UnsafePatch(f"{_short(rel)}: not a usable path in the tree ({exc.strerror or exc})",
+                          hint="the diff names a file the tree cannot hold") from None
 
 
 def write_plan(root: Path, plan: PatchPlan) -> None:
@@ -225,6 +231,10 @@ def check_relative(rel: str) -> None:
         raise UnsafePatch(f"{rel}: absolute path", hint="paths must be relative to the tree")
     if ".." in rel.split("/"):
         raise UnsafePatch(f"{rel}: path contains '..'", hint="paths must stay inside the tree")
+
+
+def _short(rel: str) -> str:
+    return rel if len(rel) <= 160 else f"{rel[:80]}…({len(rel)} characters)"
 
 
 def _is_inside(path: str, base: Path) -> bool:
