@@ -16,7 +16,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Literal
 
-from .errors import InvalidPatchSet, UnknownPatchSet, UnsupportedRelease
+from . import ownfiles
+from .errors import BadInput, InvalidPatchSet, UnknownPatchSet, UnsupportedRelease
 
 DEFAULT_PATCH_SET = "dspark-skip-mtp-buffer"
 
@@ -33,6 +34,11 @@ _REQUIRED_VARIANT = {"name", "releases", "diff", "files"}
 ReviewState = Literal["reviewed", "unreviewed"]
 _REVIEW_STATES: dict[str, ReviewState] = {"reviewed": "reviewed", "unreviewed": "unreviewed"}
 _FILE_KEYS = {"pre_sha256", "post_sha256"}
+# A patch set may come from a pull request: every file of it is read only when it is a regular
+# file inside its folder, and only up to these sizes (the shipped ones are a few KiB).
+TOML_LIMIT = 1 << 20
+DIFF_LIMIT = 8 << 20
+PROBE_LIMIT = 1 << 20
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -134,7 +140,7 @@ def resolve(spec: str | None, *, strip: int | None = None) -> PatchSet:
 
 
 def load_bare(path: Path, *, strip: int = 1) -> PatchSet:
-    data = path.read_bytes()
+    data = ownfiles.read_regular(path, limit=DIFF_LIMIT, what="diff file")
     variant = Variant(name="bare-diff", releases=(), diff_path=path, diff=data, files={})
     return PatchSet(
         id=None, title=path.name, summary="a bare diff file: no release or hash checks",
@@ -145,12 +151,15 @@ def load_bare(path: Path, *, strip: int = 1) -> PatchSet:
 def load_dir(folder: Path) -> PatchSet:
     toml_path = folder / "patch.toml"
     where = str(toml_path)
+    if not os.path.lexists(toml_path):
+        raise UnknownPatchSet(f"{folder} has no patch.toml", hint="a patch set is a folder with patch.toml and its diffs")
+    raw = _read(_inside(folder, "patch.toml", what="patch.toml", where=where), limit=TOML_LIMIT, what="patch.toml")
     try:
-        doc = tomllib.loads(toml_path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UnknownPatchSet(f"{folder} has no patch.toml", hint="a patch set is a folder with patch.toml and its diffs") from None
+        doc = tomllib.loads(raw.decode("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise InvalidPatchSet(f"{where}: not valid TOML: {exc}", hint="fix the file") from None
+    except RecursionError:
+        raise InvalidPatchSet(f"{where}: not valid TOML: nested too deeply", hint="fix the file") from None
 
     _keys(doc, allowed=_TOP_KEYS, required=_REQUIRED_TOP, where=where)
     pid = _str(doc, "id", where)
@@ -201,9 +210,14 @@ def _probe(folder: Path, raw: object, *, where: str) -> tuple[Path | None, tuple
             raise InvalidPatchSet(f"{where}: probe must name a .py file in the patch set's folder (or a list of them, the entry first), got {raw!r}",
                                   hint='e.g. probe = "probe.py"; leave it out if the patch set has no probe')
         path = _inside(folder, name, what="probe", where=where)
-        if not path.is_file():
+        if not os.path.lexists(path):
             raise InvalidPatchSet(f"{where}: probe file {name} is missing from {folder}",
                                   hint="add the file, or remove it from the probe key")
+        try:  # the probe's source travels as text: it must be UTF-8 (read again when it runs)
+            _read(path, limit=PROBE_LIMIT, what="probe file").decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InvalidPatchSet(f"{where}: probe file {name} is not UTF-8 text ({exc.reason} at byte {exc.start})",
+                                  hint="save the probe as UTF-8") from None
         if path in paths:
             raise InvalidPatchSet(f"{where}: probe file {name} is listed twice", hint="list each file once")
         paths.append(path)
@@ -211,10 +225,25 @@ def _probe(folder: Path, raw: object, *, where: str) -> tuple[Path | None, tuple
 
 
 def _inside(folder: Path, name: str, *, what: str, where: str) -> Path:
-    path = (folder / name).resolve()
-    if path.parent != folder.resolve():
+    if not name or "\0" in name or len(name) > 255:
+        raise InvalidPatchSet(f"{where}: {what} {name[:80]!r} is not a file name in {folder}")
+    try:
+        path = (folder / name).resolve()
+        inside = path.parent == folder.resolve()
+    except (OSError, RuntimeError) as exc:  # a loop of links, a name the system refuses
+        raise InvalidPatchSet(f"{where}: {what} {name[:80]!r} cannot be resolved in {folder} ({exc})") from None
+    if not inside:
         raise InvalidPatchSet(f"{where}: {what} {name!r} must be a file inside {folder}")
     return path
+
+
+def _read(path: Path, *, limit: int, what: str) -> bytes:
+    """A file of the patch set: a regular file (its links resolved inside the folder by `_inside`),
+    at most `limit` bytes; anything else is InvalidPatchSet (exit 2)."""
+    try:
+        return ownfiles.read_regular(path, limit=limit, what=what)
+    except BadInput as exc:
+        raise InvalidPatchSet(exc.message, hint=exc.hint) from None
 
 
 def _variant(folder: Path, raw: object, *, where: str) -> Variant:
@@ -227,10 +256,9 @@ def _variant(folder: Path, raw: object, *, where: str) -> Variant:
         raise InvalidPatchSet(f"{where}: releases must be a non-empty list of version strings")
     diff_name = _str(raw, "diff", where)
     diff_path = _inside(folder, diff_name, what="diff", where=where)
-    try:
-        diff = diff_path.read_bytes()
-    except FileNotFoundError:
-        raise InvalidPatchSet(f"{where}: diff file {diff_name} is missing from {folder}") from None
+    if not os.path.lexists(diff_path):
+        raise InvalidPatchSet(f"{where}: diff file {diff_name} is missing from {folder}")
+    diff = _read(diff_path, limit=DIFF_LIMIT, what="diff file")
     files_raw = raw["files"]
     if not isinstance(files_raw, dict) or not files_raw:
         raise InvalidPatchSet(f"{where}: files must list the sha256 before and after of every target file")

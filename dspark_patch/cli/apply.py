@@ -41,6 +41,7 @@ def apply(
     """Apply the patch with zero fuzz, byte-compile, probe, and (for an image) commit one new layer."""
     if sign_key is not None and not push:
         raise BadInput("--sign-key attaches the attestation to the pushed image, so it needs --push (and --tag)")
+    common.check_outputs(report_dir, junit)
     request = pipeline.ApplyRequest(
         target=common.target_spec(root, image, python, pull=pull, tag=tag, force=force, push=push, platform=platform),
         patch=patch, strip=strip, dry_run=dry_run, compile=not no_compile, probe=not no_probe,

@@ -13,6 +13,8 @@ from ..pipeline import ImageSpec, LocalSpec, PullPolicy, TargetSpec
 from ..report.model import AuditReport
 from . import output
 
+DEFAULT_REPORTS = Path("dspark-patch-reports")
+
 RootOpt = Annotated[Path | None, typer.Option("--root", help="A site-packages folder that holds vllm and its dist-info.")]
 ImageOpt = Annotated[str | None, typer.Option("--image", help="An image reference (name:tag, name@sha256:… or id).")]
 PythonOpt = Annotated[str | None, typer.Option("--python", help="Interpreter that owns vLLM: for --root, one on this machine (default: this one); for --image, a path inside the image (default: found there).")]
@@ -68,15 +70,28 @@ def pull_policy(value: str) -> PullPolicy:
     raise BadInput(f"--pull {value!r}: choose missing, always or never")
 
 
+def check_outputs(report_dir: Path | None, junit: Path | None = None) -> None:
+    """Refuse, before any work, a report folder (or the default one) that is or sits under a link,
+    or that holds a link under the name of a report file."""
+    from .. import ownfiles
+    from ..report import render
+
+    if report_dir is None:
+        ownfiles.check_folder(DEFAULT_REPORTS)
+    else:
+        ownfiles.check_names(report_dir, list(render.REPORT_FILES))
+    if junit is not None:
+        ownfiles.check_names(junit.parent, [junit.name])
+
+
 def finish(report: AuditReport, *, report_dir: Path | None, as_json: bool, junit: Path | None = None) -> None:
     """Write the report (every run, failed ones too), render it, and exit with its code."""
     from ..report import render, summary
 
-    folder = report_dir or Path("dspark-patch-reports") / (
+    folder = report_dir or DEFAULT_REPORTS / (
         f"{report.command}-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}")
     render.write_report_dir(report, folder)
     if junit is not None:
-        junit.parent.mkdir(parents=True, exist_ok=True)
         render.write_text_atomic(junit, render.to_junit(report))
     summary.append_step_summary_from_env(report)
     if as_json:

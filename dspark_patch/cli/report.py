@@ -57,6 +57,5 @@ def merge_cmd(
     if out is None:
         output.print_json(text)
     else:
-        out.parent.mkdir(parents=True, exist_ok=True)
         render.write_text_atomic(out, text)
     raise typer.Exit(fleet.exit_code)

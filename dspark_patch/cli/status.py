@@ -144,11 +144,9 @@ def _write(fleet: FleetStatus, report_dir: Path | None, junit: Path | None) -> N
     from ..report.status_render import to_status_json, to_status_junit, to_status_markdown
 
     if report_dir is not None:
-        report_dir.mkdir(parents=True, exist_ok=True)
         render.write_text_atomic(report_dir / "status.json", to_status_json(fleet))
         render.write_text_atomic(report_dir / "status.md", to_status_markdown(fleet))
         render.write_text_atomic(report_dir / "junit.xml", to_status_junit(fleet))
     if junit is not None:
-        junit.parent.mkdir(parents=True, exist_ok=True)
         render.write_text_atomic(junit, to_status_junit(fleet))
     summary.append_markdown_from_env(to_status_markdown(fleet))

@@ -33,6 +33,7 @@ def verify(
     as_json: common.JsonOpt = False,
 ) -> None:
     """Prove a tree or image carries exactly the patch: post-images, bytecode, RECORD, labels, probe."""
+    common.check_outputs(report_dir, junit)
     if attestation or key is not None:
         if not attestation or key is None:
             raise BadInput("--attestation and --key go together: check the attestation signed by that public key")
@@ -60,6 +61,7 @@ def probe(
     as_json: common.JsonOpt = False,
 ) -> None:
     """Run the patch set's own CPU probe with the target's interpreter (exit 0 pass, 1 fail)."""
+    common.check_outputs(report_dir)
     request = pipeline.ProbeRequest(target=common.target_spec(root, image, python, pull=pull, platform=platform), patch=patch)
     with output.pull_display() as pulls:
         report = pipeline.probe(request, on_step=output.step_printer(not as_json), on_pull=pulls)

@@ -18,6 +18,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 from pathlib import Path
 
+from .. import ownfiles
 from ..errors import (
     BadInput,
     CheckFailed,
@@ -35,7 +36,7 @@ from ..patchset import PatchSet, Variant, load_dir, resolve
 from ..porting import review as review_md
 from ..porting.merge import FileMerge, leftover_markers, merge_file
 from ..porting.source import tree_from_root, tree_from_wheel
-from ..porting.variant import CandidateFile, make_diff, sha256, toml_table, undo_variant, write_variant
+from ..porting.variant import BACKUP, CandidateFile, forget_backup, make_diff, sha256, toml_table, undo_variant, write_variant
 from ..porting.workdir import WorkDir, WorkFile, WorkState
 from ..probe.run import run_probe, unguarded_readers
 from ..report.model import CensusEntry, ErrorReport, ProbeReport
@@ -75,6 +76,11 @@ class _Flow:
             raise BadInput("port makes a variant of a patch set; a bare diff file has no variants to carry",
                            hint="give a patch-set id or folder (dspark-patch list)")
         variant = _source_variant(patchset, request.source_variant)
+        # Port writes the variant into the patch-set folder and its work folder: a link planted
+        # under any of those names is refused now, before any work, never written through.
+        name = f"{patchset.distribution}-{request.release}"
+        ownfiles.check_names(patchset.source, ["patch.toml", f"{name}.patch", f"{name}.review.md",
+                                               f"census-{name}.json", BACKUP])
         if request.work is None:  # default: one folder per patch set and release, here
             self.work = WorkDir(Path("dspark-patch-port") / f"{patchset.id}-{request.release}")
         self.update(patch=patchset.id, source_variant=variant.name, work=str(self.work.root))
@@ -83,6 +89,7 @@ class _Flow:
             raise BadInput(f"patch set {patchset.id} already has variant {covered[request.release]} for "
                            f"{patchset.distribution} {request.release}; there is nothing to port",
                            hint="dspark-patch apply uses it; to port again, remove that variant first")
+        ownfiles.check_names(self.work.root, ["port.json", "REVIEW.md"])
         state = self.work.load()
         if state is not None and (state.patch, state.source_variant, state.release) != (patchset.id, variant.name, request.release):
             raise BadInput(f"--work {self.work.root} holds a port of {state.patch} {state.source_variant} to "
@@ -232,9 +239,9 @@ class _Flow:
         except BaseException:
             undo_variant(written)
             raise
-        written["toml_before"].unlink(missing_ok=True)
+        forget_backup(written)
         if probed.census:
-            (patchset.source / f"census-{name}.json").write_text(census_json(probed.census), encoding="utf-8")
+            ownfiles.write_file(patchset.source / f"census-{name}.json", census_json(probed.census))
         offsets = [f"`{f.path}`: " + ", ".join(f"hunk #{i} offset {o:+d}" for i, o in enumerate(f.offsets, 1))
                    for f in self.report.files if f.status == "landed" and f.offsets]
         resolved = [wf.path for wf in state.files if wf.status == "conflict"]
@@ -244,8 +251,8 @@ class _Flow:
             source_census=load_census(patchset.source / f"census-{variant.name}.json"), target_census=probed.census,
             probe=probed))
         review_path = self.work.write_review(text)
-        (patchset.source / f"{name}.review.md").write_text(text, encoding="utf-8")
-        self.update(status="written", exit_code=0, variant=name, diff_path=str(written["diff"]),
+        ownfiles.write_file(patchset.source / f"{name}.review.md", text)
+        self.update(status="written", exit_code=0, variant=name, diff_path=str(written.diff),
                     review_path=str(review_path))
 
 

@@ -9,10 +9,12 @@ and which is removed afterwards like every container of ours.
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import zipfile
 from pathlib import Path
 
+from .. import ownfiles
 from ..errors import BadInput, TargetNotFound
 
 _STAMP = ".dspark-port-source"
@@ -25,8 +27,7 @@ def tree_from_wheel(wheel: Path, dest: Path) -> Path:
     digest = _sha256_file(wheel)
     if _stamp(dest) == digest:
         return dest
-    shutil.rmtree(dest, ignore_errors=True)
-    dest.mkdir(parents=True)
+    _fresh(dest)
     try:
         with zipfile.ZipFile(wheel) as zf:
             for info in zf.infolist():
@@ -41,9 +42,8 @@ def tree_from_wheel(wheel: Path, dest: Path) -> Path:
                 with zf.open(info) as src, open(target, "wb") as out:
                     shutil.copyfileobj(src, out)
     except (zipfile.BadZipFile, OSError) as exc:
-        shutil.rmtree(dest, ignore_errors=True)
         raise BadInput(f"--wheel {wheel}: not a readable wheel ({exc})", hint="give a .whl file") from None
-    (dest / _STAMP).write_text(digest, encoding="utf-8")
+    ownfiles.write_file(dest / _STAMP, digest)
     return dest
 
 
@@ -51,8 +51,7 @@ def tree_from_root(root: Path, dest: Path, *, package: str) -> Path:
     """Copy the package's .py files and its dist-info from a site folder into dest (afresh)."""
     if not root.is_dir():
         raise TargetNotFound(f"--root {root}: no such directory", hint="give the site-packages folder that holds vllm")
-    shutil.rmtree(dest, ignore_errors=True)
-    dest.mkdir(parents=True)
+    _fresh(dest)
     for top in sorted(root.iterdir()):
         if not (top.name == package or (top.name.startswith(f"{package}-") and top.name.endswith(".dist-info"))):
             continue
@@ -63,7 +62,23 @@ def tree_from_root(root: Path, dest: Path, *, package: str) -> Path:
             target = dest / rel
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(path, target)
+    ownfiles.write_file(dest / _STAMP, f"root {root.resolve()}")
     return dest
+
+
+def _fresh(dest: Path) -> None:
+    """An empty scratch tree at `dest`, stamped as ours. Only a folder a port made (its stamp
+    inside) is removed first, never through a link: the work folder may come from a checkout."""
+    with ownfiles.open_folder(dest.parent) as parent:
+        if os.path.lexists(dest):
+            with parent.sub(dest.name, create=False) as old:
+                if old.read(_STAMP, limit=4096) is None:
+                    raise BadInput(f"{dest}: a folder port did not make is in the way of its scratch tree",
+                                   hint="remove it, or give another --work folder")
+            parent.remove_tree(dest.name)
+        parent.sub(dest.name).close()
+        with parent.sub(dest.name, create=False) as made:
+            made.write(_STAMP, b"")
 
 
 def _wanted(name: str) -> bool:
@@ -73,9 +88,11 @@ def _wanted(name: str) -> bool:
 
 def _stamp(dest: Path) -> str | None:
     try:
-        return (dest / _STAMP).read_text(encoding="utf-8")
-    except OSError:
+        with ownfiles.open_folder(dest, create=False) as folder:
+            data = folder.read(_STAMP, limit=4096)
+    except BadInput:  # missing, a link or not a folder: `_fresh` says which, or makes it
         return None
+    return None if data is None else data.decode("utf-8", "replace")
 
 
 def _sha256_file(path: Path) -> str:

@@ -11,10 +11,10 @@ from __future__ import annotations
 import hashlib
 import subprocess
 import tempfile
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import ownfiles
 from ..errors import EnvironmentProblem, InvalidPatchSet
 from ..patching.diff import parse_diff
 from ..patching.plan import plan_patch
@@ -82,34 +82,52 @@ def _quote(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def write_variant(folder: Path, *, diff_name: str, diff: bytes, table: str) -> Mapping[str, Path]:
-    """Add the diff file and append the table to patch.toml; the caller validates and may undo."""
-    diff_path = folder / diff_name
-    toml_path = folder / "patch.toml"
-    if diff_path.exists():
-        raise InvalidPatchSet(f"{diff_path} already exists", hint="remove it, or port to a release the patch set lacks")
-    tmp = diff_path.with_name(diff_path.name + ".dspark-tmp")
-    tmp.write_bytes(diff)
-    tmp.replace(diff_path)
-    before = toml_path.read_text(encoding="utf-8")
-    sep = "" if before.endswith("\n") else "\n"
-    tmp_toml = toml_path.with_name("patch.toml.dspark-tmp")
-    tmp_toml.write_text(before + sep + table, encoding="utf-8")
-    tmp_toml.replace(toml_path)
-    return {"diff": diff_path, "toml": toml_path, "toml_before": _keep(folder, before)}
+_TOML_LIMIT = 1 << 20
+BACKUP = ".patch.toml.before-port"
 
 
-def _keep(folder: Path, before: str) -> Path:
-    backup = folder / ".patch.toml.before-port"
-    backup.write_text(before, encoding="utf-8")
-    return backup
+@dataclass(frozen=True, kw_only=True)
+class WrittenVariant:
+    """What `write_variant` put into the patch-set folder, for `undo_variant`/`forget_backup`."""
+
+    folder: Path
+    diff_name: str
+
+    @property
+    def diff(self) -> Path:
+        return self.folder / self.diff_name
 
 
-def undo_variant(written: Mapping[str, Path]) -> None:
+def write_variant(folder: Path, *, diff_name: str, diff: bytes, table: str) -> WrittenVariant:
+    """Add the diff file and append the table to patch.toml; the caller validates and may undo.
+
+    The patch-set folder may come from a pull request: every name is written through
+    `ownfiles` (never through a link planted under it, the diff created exclusively)."""
+    try:
+        with ownfiles.open_folder(folder, create=False) as where:
+            before = where.read("patch.toml", limit=_TOML_LIMIT)
+            if before is None:
+                raise InvalidPatchSet(f"{folder / 'patch.toml'} is missing")
+            where.write(BACKUP, before)  # first: patch.toml can always be put back
+            where.write(diff_name, diff, new=True)
+            sep = b"" if before.endswith(b"\n") else b"\n"
+            where.write("patch.toml", before + sep + table.encode("utf-8"))
+    except OSError as exc:
+        raise EnvironmentProblem(f"cannot write the variant into {folder}: {exc.strerror or exc}",
+                                 hint="check that the patch-set folder is writable") from None
+    return WrittenVariant(folder=folder, diff_name=diff_name)
+
+
+def undo_variant(written: WrittenVariant) -> None:
     """Put patch.toml back and remove the diff (when the patch set no longer loads)."""
-    written["diff"].unlink(missing_ok=True)
-    written["toml_before"].replace(written["toml"])
+    with ownfiles.open_folder(written.folder, create=False) as where:
+        where.remove(written.diff_name)
+        before = where.read(BACKUP, limit=_TOML_LIMIT)
+        if before is not None:
+            where.write("patch.toml", before)
+            where.remove(BACKUP)
 
 
-def forget_backup(written: Mapping[str, Path]) -> None:
-    written["toml_before"].unlink(missing_ok=True)
+def forget_backup(written: WrittenVariant) -> None:
+    with ownfiles.open_folder(written.folder, create=False) as where:
+        where.remove(BACKUP)

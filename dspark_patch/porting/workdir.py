@@ -12,14 +12,15 @@
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import BadInput
+from .. import ownfiles
+from ..errors import BadInput, EnvironmentProblem
 from ..targets import fs
 
 STATE_SCHEMA = "dspark-patch/port/v1"
+_STATE_LIMIT = 4 << 20
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,8 +42,9 @@ class WorkState:
 class WorkDir:
     def __init__(self, root: Path) -> None:
         self.root = root
-        if root.exists() and not root.is_dir():
-            raise BadInput(f"--work {root}: is not a folder", hint="give a folder for the port's work files")
+        # A committed link named like the work folder (or above it) would take every write and
+        # the scratch tree's removal outside: refused here, before any work.
+        ownfiles.check_folder(root)
 
     @property
     def state_path(self) -> Path:
@@ -58,10 +60,15 @@ class WorkDir:
 
     def load(self) -> WorkState | None:
         try:
-            doc = json.loads(self.state_path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
+            with ownfiles.open_folder(self.root, create=False) as folder:
+                raw = folder.read("port.json", limit=_STATE_LIMIT)
+        except ownfiles.MissingFolder:
             return None
-        except (ValueError, UnicodeDecodeError) as exc:
+        if raw is None:
+            return None
+        try:
+            doc = json.loads(raw.decode("utf-8"))
+        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
             raise BadInput(f"{self.state_path}: not a port state file ({exc})",
                            hint="use an empty --work folder, or the one a previous port call made") from None
         try:
@@ -77,27 +84,35 @@ class WorkDir:
 
     def save(self, state: WorkState, contents: dict[str, bytes]) -> None:
         """Write each file's merge result and then the state (the state last: it marks a whole write)."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        for rel, data in contents.items():
-            path = self.root / "files" / rel
-            fs.resolve_inside(self.root, f"files/{rel}")  # refuses '..' and links out of the folder
-            path.parent.mkdir(parents=True, exist_ok=True)
-            _atomic(path, data)
-        doc = {"schema": STATE_SCHEMA, "patch": state.patch, "source_variant": state.source_variant,
-               "release": state.release,
-               "files": [{"path": f.path, "status": f.status, "theirs_sha256": f.theirs_sha256,
-                          "conflicts": list(f.conflicts)} for f in state.files]}
-        _atomic(self.state_path, (json.dumps(doc, indent=2) + "\n").encode("utf-8"))
+        try:
+            with ownfiles.open_folder(self.root) as root:
+                for rel, data in contents.items():
+                    fs.check_relative(rel)  # refuses '..', absolute paths and NUL
+                    *dirs, name = rel.split("/")
+                    _write_below(root, ["files", *dirs], name, data)
+                root.write("port.json", _state_json(state))
+        except OSError as exc:
+            raise EnvironmentProblem(f"cannot write the work folder {self.root}: {exc.strerror or exc}",
+                                     hint="give a writable --work folder") from None
 
     def read_file(self, rel: str) -> bytes | None:
         return fs.read_inside(self.root / "files", rel) if (self.root / "files").is_dir() else None
 
     def write_review(self, text: str) -> Path:
-        _atomic(self.review_path, text.encode("utf-8"))
-        return self.review_path
+        return ownfiles.write_file(self.review_path, text)
 
 
-def _atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".dspark-tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+def _write_below(folder: ownfiles.Folder, dirs: list[str], name: str, data: bytes) -> None:
+    if not dirs:
+        folder.write(name, data)
+        return
+    with folder.sub(dirs[0]) as sub:
+        _write_below(sub, dirs[1:], name, data)
+
+
+def _state_json(state: WorkState) -> bytes:
+    doc = {"schema": STATE_SCHEMA, "patch": state.patch, "source_variant": state.source_variant,
+           "release": state.release,
+           "files": [{"path": f.path, "status": f.status, "theirs_sha256": f.theirs_sha256,
+                      "conflicts": list(f.conflicts)} for f in state.files]}
+    return (json.dumps(doc, indent=2) + "\n").encode("utf-8")

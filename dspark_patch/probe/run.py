@@ -29,13 +29,15 @@ into the target, so an image's committed layer stays exactly the patched files.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import zlib
+from dataclasses import replace
 from pathlib import Path
 
 from ..errors import EnvironmentProblem
 from ..report.model import CensusEntry, ProbeCase, ProbeReport
-from ..targets.base import Distribution, Target
+from ..targets.base import Distribution, RunResult, Target
 from .prestart import EarlyProbe, start_early
 
 PROBE_SCHEMA = "dspark-patch/probe/v1"
@@ -132,6 +134,22 @@ def run_probe(target: Target, dist: Distribution, probe: Path, *, modules: tuple
     result = early.go(dist, args, timeout=timeout) if early is not None else None
     if result is None:
         result = target.run_python(source, args, env=_PROBE_ENV, timeout=timeout)
+    files = ", ".join(str(p) for p in (probe, *modules))
+    digest = hashlib.sha256(source.encode("utf-8", "surrogateescape")).hexdigest()
+    return replace(_verdict(result, probe, dist, timeout), source=f"{files} (sha256 {digest[:16]}…)",
+                   ran_in=_where(target, dist))
+
+
+def _where(target: Target, dist: Distribution) -> str:
+    if target.info.kind == "local":
+        from ..targets.local import KEPT_ENV
+
+        return (f"this host's {dist.python}, its environment reduced to {', '.join(KEPT_ENV)}, LC_* and the "
+                f"probe's own ({', '.join(sorted(_PROBE_ENV))})")
+    return f"a container of {target.info.ref} ({dist.python})"
+
+
+def _verdict(result: RunResult, probe: Path, dist: Distribution, timeout: float) -> ProbeReport:
     stderr_tail = result.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or [""]
     if result.timed_out:
         return ProbeReport(ok=False, ran=True, detail=f"the probe did not finish within {timeout:.0f} s")

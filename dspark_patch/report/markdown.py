@@ -212,6 +212,8 @@ def to_markdown(report: AuditReport) -> str:
 
     pr = report.probe
     lines += ["### Probe", ""]
+    if pr.source:
+        lines += [f"The patch set's code {_cell(pr.source)} ran in {_cell(pr.ran_in)}.", ""]
     if not pr.ran:
         lines += [f"Not run{': ' + _cell(pr.detail) if pr.detail else '.'}", ""]
     else:

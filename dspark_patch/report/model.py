@@ -126,6 +126,10 @@ class ProbeReport:
     # Every reader the probe's claim rests on (empty for a probe that reports none).
     census: tuple[CensusEntry, ...] = ()
     detail: str = ""
+    # The probe is the patch set's code: which files it was (and the sha256 of the one source
+    # sent), and where it ran (the host, with the environment it was given, or a container).
+    source: str = ""
+    ran_in: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -6,11 +6,10 @@ The forms themselves live in small modules: `audit_json` (audit.json, read back 
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Literal
 
+from dspark_patch import ownfiles
 from dspark_patch.errors import BadInput, EnvironmentProblem
 from dspark_patch.report.audit_json import from_json_dict, load_schema, read_report, to_json
 from dspark_patch.report.intoto import PREDICATE_TYPE, STATEMENT_TYPE, subjects, to_intoto
@@ -42,6 +41,7 @@ AUDIT_MD = "audit.md"
 JUNIT_XML = "junit.xml"
 STATEMENT_JSON = "attestation.intoto.json"
 PREDICATE_JSON = "predicate.json"
+REPORT_FILES = (AUDIT_JSON, AUDIT_MD, JUNIT_XML, STATEMENT_JSON, PREDICATE_JSON)
 
 
 def _statement(report: AuditReport) -> dict:
@@ -69,27 +69,10 @@ def render_as(report: AuditReport, fmt: Format) -> str:
 
 
 def write_text_atomic(path: Path, text: str) -> Path:
-    """Write through a temporary file in the same folder and `os.replace`, so a reader (or a
-    killed run) never sees half a report. Lone surrogates from surrogate-escaped paths come out
-    as `\\udcXX`, which is also a valid JSON escape."""
-    path = Path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace", newline="\n") as fh:
-                fh.write(text)
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-    except OSError as exc:
-        raise EnvironmentProblem(
-            f"cannot write the report {path}: {exc.strerror}",
-            hint="choose a writable --report-dir",
-        ) from None
-    return path
+    """Write one report file through the tool's guarded writer (`ownfiles`): a temporary file in
+    the same folder renamed into place, never through a link, under the user's umask. Lone
+    surrogates from surrogate-escaped paths come out as `\\udcXX`, also a valid JSON escape."""
+    return ownfiles.write_file(path, text)
 
 
 def write_report_dir(report: AuditReport, directory: Path) -> list[Path]:
@@ -97,17 +80,20 @@ def write_report_dir(report: AuditReport, directory: Path) -> list[Path]:
     (statement and predicate). Returns the paths written, in that order."""
     directory = Path(directory)
     predicate = to_data(report)
-    written = [
-        write_text_atomic(directory / AUDIT_JSON, dumps(predicate)),
-        write_text_atomic(directory / AUDIT_MD, to_markdown(report)),
-        write_text_atomic(directory / JUNIT_XML, to_junit(report)),
-    ]
+    texts = [(AUDIT_JSON, dumps(predicate)), (AUDIT_MD, to_markdown(report)), (JUNIT_XML, to_junit(report))]
     if subjects(report):
-        written.append(write_text_atomic(directory / STATEMENT_JSON, dumps(_statement(report))))
-        written.append(write_text_atomic(directory / PREDICATE_JSON, dumps(predicate)))
-    else:
-        # A reused report folder must not keep the attestation of an earlier run next to
-        # this run's audit: a CI step would sign the wrong image's evidence.
-        for stale in (STATEMENT_JSON, PREDICATE_JSON):
-            (directory / stale).unlink(missing_ok=True)
+        texts += [(STATEMENT_JSON, dumps(_statement(report))), (PREDICATE_JSON, dumps(predicate))]
+    written = []
+    try:
+        with ownfiles.open_folder(directory) as folder:
+            for name, text in texts:
+                written.append(folder.write(name, text.encode("utf-8", "backslashreplace")))
+            if not subjects(report):
+                # A reused report folder must not keep the attestation of an earlier run next to
+                # this run's audit: a CI step would sign the wrong image's evidence.
+                for stale in (STATEMENT_JSON, PREDICATE_JSON):
+                    folder.remove(stale)
+    except OSError as exc:
+        raise EnvironmentProblem(f"cannot write the report into {directory}: {exc.strerror or exc}",
+                                 hint="choose a writable --report-dir") from None
     return written

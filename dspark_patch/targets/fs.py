@@ -31,8 +31,11 @@ def resolve_inside(root: Path, rel: str) -> Path:
     loop of them) would take outside the tree.
     """
     base = _root(root)
-    _check_relative(rel)
-    full = os.path.realpath(os.path.join(base, rel))
+    check_relative(rel)
+    try:
+        full = os.path.realpath(os.path.join(base, rel))
+    except (OSError, RecursionError) as exc:
+        raise UnsafePatch(f"{_short(rel)}: cannot be resolved in the tree ({exc})") from None
     if not _is_inside(full, base):
         raise UnsafePatch(
             f"{rel}: resolves to {full}, outside the tree {base} (through a symbolic link)",
@@ -48,11 +51,14 @@ def read_inside(root: Path, rel: str) -> bytes | None:
     path = resolve_inside(root, rel)
     try:
         st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            raise BadInput(f"{rel}: is not a regular file", hint="the patch can only change regular files")
+        return path.read_bytes()
     except FileNotFoundError:
         return None
-    if not stat.S_ISREG(st.st_mode):
-        raise BadInput(f"{rel}: is not a regular file", hint="the patch can only change regular files")
-    return path.read_bytes()
+    except OSError as exc:  # through a regular file (ENOTDIR), a name or path too long, ...
+        raise UnsafePatch(f"{_short(rel)}: not a usable path in the tree ({exc.strerror or exc})",
+                          hint="the diff names a file the tree cannot hold") from None
 
 
 def write_plan(root: Path, plan: PatchPlan) -> None:
@@ -203,7 +209,7 @@ def _put(dest: Path, data: bytes, mode: int) -> None:
 
 def _write_path(root: Path, rel: str, parents: dict[str, Path]) -> Path:
     """Where `rel` is written: its directory resolved inside the tree (`_check` refuses a name that is a link)."""
-    _check_relative(rel)
+    check_relative(rel)
     head, _, name = rel.rstrip("/").rpartition("/")
     parent = parents.get(head)
     if parent is None:
@@ -218,13 +224,17 @@ def _root(root: Path) -> Path:
     return base
 
 
-def _check_relative(rel: str) -> None:
+def check_relative(rel: str) -> None:
     if not rel or "\0" in rel:
         raise UnsafePatch(f"{rel!r}: not a usable relative path")
     if rel.startswith("/"):
         raise UnsafePatch(f"{rel}: absolute path", hint="paths must be relative to the tree")
     if ".." in rel.split("/"):
         raise UnsafePatch(f"{rel}: path contains '..'", hint="paths must stay inside the tree")
+
+
+def _short(rel: str) -> str:
+    return rel if len(rel) <= 160 else f"{rel[:80]}…({len(rel)} characters)"
 
 
 def _is_inside(path: str, base: Path) -> bool:

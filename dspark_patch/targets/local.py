@@ -26,6 +26,12 @@ if TYPE_CHECKING:
 # the tree, so a `json.py` or `platform.py` at its top cannot shadow the scripts' stdlib.
 NEUTRAL_CWD = "/"
 
+# What a run on the host (the tree's own checks and, above all, the patch set's probe: code from
+# the patch set) gets of the job's environment: enough to start an interpreter and find its
+# libraries, nothing else. A CI job's secrets (tokens, cloud keys) are not passed; the run's own
+# variables (the probe's: no GPU, no bytecode, no user site) are added per call.
+KEPT_ENV = ("PATH", "HOME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "LD_LIBRARY_PATH")
+
 
 
 
@@ -97,7 +103,7 @@ class LocalTree:
         env: Mapping[str, str] | None = None,
         timeout: float = 600.0,
     ) -> RunResult:
-        full_env = {**os.environ, **(env or {})}
+        full_env = {**_kept_env(os.environ), **(env or {})}
         try:
             done = subprocess.run(
                 [self.python, *ISOLATED, "-c", source, *args],
@@ -118,6 +124,10 @@ class LocalTree:
             )
         version, cache_tag = result.stdout.decode().split()
         return version, cache_tag
+
+
+def _kept_env(environ: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in environ.items() if k in KEPT_ENV or k.startswith("LC_")}
 
 
 def _find_python(python: str | None) -> str:

@@ -1,0 +1,113 @@
+"""Malformed patch sets and diffs, as a pull request could bring them: one line and exit 2, no
+traceback, nothing written, on a real vLLM 0.33.0 tree through the CLI."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.cli import run
+
+PY = sys.executable
+MATH_SET = Path(__file__).parent / "data" / "patchsets" / "vllm-math-positive-divisor"
+MATH = "vllm/utils/math_utils.py"
+
+
+def fingerprint(tree: Path) -> str:
+    h = hashlib.sha256()
+    for path in sorted(tree.rglob("*")):
+        h.update(str(path.relative_to(tree)).encode())
+    h.update((tree / MATH).read_bytes())
+    return h.hexdigest()
+
+
+def apply(tree: Path, patch: Path, tmp_path: Path):
+    return run("apply", "--root", str(tree), "--patch", str(patch), "--python", PY, "--no-probe",
+               "--report-dir", str(tmp_path / "reports"))
+
+
+def added(path: str) -> bytes:
+    return f"--- /dev/null\n+++ b/{path}\n@@ -0,0 +1 @@\n+x = 1\n".encode()
+
+
+@pytest.mark.parametrize(("diff_path", "says"), [
+    ("vllm/envs.py/evil.py", "not a usable path in the tree (Not a directory)"),
+    ("vllm/" + "a" * 300 + ".py", "File name too long"),
+    ("vllm/" + "d/" * 3000 + "x.py", "too long"),
+], ids=["through-a-regular-file", "300-character-name", "3000-deep"])
+def test_a_diff_path_the_tree_cannot_hold_is_one_line(vllm033_tree: Path, tmp_path: Path, diff_path: str,
+                                                    says: str) -> None:
+    before = fingerprint(vllm033_tree)
+    diff = tmp_path / "evil.diff"
+    diff.write_bytes(added(diff_path))
+    assert says in apply(vllm033_tree, diff, tmp_path).assert_clean_error(2)
+    assert fingerprint(vllm033_tree) == before
+
+
+def _set(tmp_path: Path) -> Path:
+    dest = tmp_path / MATH_SET.name
+    shutil.copytree(MATH_SET, dest)
+    return dest
+
+
+def _folder_toml(s: Path) -> None:
+    (s / "patch.toml").unlink()
+    (s / "patch.toml").mkdir()
+
+
+def _folder_diff(s: Path) -> None:
+    (s / "vllm-0.33.0.patch").unlink()
+    (s / "vllm-0.33.0.patch").mkdir()
+
+
+def _latin1_probe(s: Path) -> None:
+    (s / "probe.py").write_bytes((s / "probe.py").read_bytes() + b"# caf\xe9\n")
+
+
+def _nested_toml(s: Path) -> None:
+    (s / "patch.toml").write_text("x = " + "[" * 100_000 + "]" * 100_000 + "\n")
+
+
+def _toml_to_dev_zero(s: Path) -> None:
+    (s / "patch.toml").unlink()
+    (s / "patch.toml").symlink_to("/dev/zero")
+
+
+def _fifo_diff(s: Path) -> None:
+    (s / "vllm-0.33.0.patch").unlink()
+    os.mkfifo(s / "vllm-0.33.0.patch")
+
+
+def _huge_diff(s: Path) -> None:
+    with open(s / "vllm-0.33.0.patch", "ab") as fh:
+        fh.truncate(9 << 20)
+
+
+@pytest.mark.parametrize(("spoil", "says"), [
+    (_folder_toml, "patch.toml"),
+    (_folder_diff, "is not a regular file"),
+    (_latin1_probe, "probe file probe.py is not UTF-8 text"),
+    (_nested_toml, "nested too deeply"),
+    (_toml_to_dev_zero, "must be a file inside"),
+    (_fifo_diff, "is not a regular file"),
+    (_huge_diff, "more than the 8388608"),
+], ids=["toml-folder", "diff-folder", "probe-not-utf8", "toml-nested", "toml-dev-zero", "diff-fifo", "diff-9mib"])
+def test_a_malformed_patch_set_is_one_line(vllm033_tree: Path, tmp_path: Path, spoil, says: str) -> None:
+    before = fingerprint(vllm033_tree)
+    patch_set = _set(tmp_path)
+    spoil(patch_set)
+    assert says in apply(vllm033_tree, patch_set, tmp_path).assert_clean_error(2)
+    assert fingerprint(vllm033_tree) == before
+
+
+def test_the_genuine_patch_set_still_applies_and_verifies(vllm033_tree: Path, tmp_path: Path) -> None:
+    res = apply(vllm033_tree, _set(tmp_path), tmp_path)
+    assert res.returncode == 0, res.stderr
+    res = run("verify", "--root", str(vllm033_tree), "--patch", str(tmp_path / MATH_SET.name), "--python", PY,
+              "--report-dir", str(tmp_path / "v"))
+    assert res.returncode == 0, res.stderr
