@@ -24,7 +24,10 @@ ENV = {"HOME": "/home/alice", "DOCKER_HOST": "tcp://10.1.2.3:2376"}
     ("no engine at ssh://bob@buildhost", "no engine at ssh://***@buildhost"),
     ("refused the credentials for it in /home/alice/.docker/config.json",
      "refused the credentials for it in ~/.docker/config.json"),
-    ("/home/runner/work/org/repo/p.patch: bad", "~/work/org/repo/p.patch: bad"),
+    ("/home/alice/work/org/repo/p.patch: bad", "~/work/org/repo/p.patch: bad"),
+    # a home folder inside the image (its USER's site, which runs first) is a finding: kept
+    ("/home/vllm/.local/lib/python3.11/site-packages/vllm.py: imported before",
+     "/home/vllm/.local/lib/python3.11/site-packages/vllm.py: imported before"),
     ("git+https://u:tok@git.example/x.git", "git+https://***@git.example/x.git"),
     # What evidence is for stays: digests, paths inside the image, addresses in the docs.
     ("repo@sha256:" + "ab" * 32, "repo@sha256:" + "ab" * 32),

@@ -8,7 +8,7 @@ a published report should not (docs/evidence.md):
   `user:pw@host/repo`): `***@host`;
 - the engine's address, `DOCKER_HOST` (an `ssh://` login, an internal `tcp://` address):
   `$DOCKER_HOST`;
-- a path under the home folder (the docker config's, a checkout's), which names the user: `~/...`.
+- a path under this host's home folder ($HOME: the docker config's, a checkout's), which names the user: `~/...`; a home folder inside an image (its USER's site) is a fact of the verdict and stays.
 
 The report model applies `redact` when a record is built (`ErrorReport`, `StepReport`,
 `AuditReport.notes`, `ImageStatus.error`), so every renderer and every writer gets the same
@@ -25,8 +25,8 @@ from collections.abc import Mapping
 # followed, in the same word, by a '/'; a digest `repo@sha256:...` never holds one).
 _URL_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^\s/@]+@")
 _REF_USERINFO = re.compile(r"(?<![^\s'\"(<])[^\s/@'\"()<>]+@(?=[^\s@'\"]*/)")
-# Home folders by their usual roots, whoever's they are (a CI runner's, another user's).
-_HOMES = re.compile(r"(?<![\w.-])/(?:home|Users)/[^/\s'\"]+|(?<![\w.-])/root(?=/|\s|$|['\"])")
+# Only this host's own home folder ($HOME) is redacted: a path like /home/vllm/.local in an
+# error is the image's (the user site that runs first) and is what the verdict is about.
 
 
 def redact(text: str, environ: Mapping[str, str] | None = None) -> str:
@@ -40,7 +40,6 @@ def redact(text: str, environ: Mapping[str, str] | None = None) -> str:
     home = env.get("HOME", "").rstrip("/")
     if home and home != "/" and home.count("/") >= 1:
         text = re.sub(rf"{re.escape(home)}(?=/|\s|$|['\"),:;])", "~", text)
-    text = _HOMES.sub("~", text)
     text = _URL_USERINFO.sub(r"\g<scheme>***@", text)
     return _REF_USERINFO.sub("***@", text)
 
