@@ -165,6 +165,12 @@ class TagExists(BadInput):
     kind = "tag-exists"
 
 
+class TagRace(TagExists):
+    """The tag was free when the run started and another run took it (or is taking it) since."""
+
+    kind = "tag-race"
+
+
 class UnreviewedVariant(BadInput):
     """The release's variant was made by `port` and no person has marked it reviewed."""
 

@@ -81,6 +81,37 @@ class Folder:
             raise
         return self.path / name
 
+    def write_set(self, files: list[tuple[str, bytes]]) -> list[Path]:
+        """Put several files in place as one set: every file is written to a temporary name
+        first, and only when all are written are they renamed into place. A full disk or any
+        other failure leaves the folder as it was (no new file of the set, the old ones whole)."""
+        for name, _ in files:
+            _check_name(name)
+            self._refuse_odd(name, new=False)
+        temps: list[str] = []
+        try:
+            for name, data in files:
+                tmp = f".{name[:64]}.{os.getpid()}.{next(_tmp_numbers)}{_TMP_SUFFIX}"
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666,
+                             dir_fd=self.fd)
+                temps.append(tmp)
+                try:
+                    view = memoryview(data)
+                    while view:
+                        view = view[os.write(fd, view):]
+                finally:
+                    os.close(fd)
+            for tmp, (name, _) in zip(temps, files, strict=True):
+                os.replace(tmp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+        except BaseException:
+            for tmp in temps:
+                try:
+                    os.unlink(tmp, dir_fd=self.fd)
+                except FileNotFoundError:
+                    pass
+            raise
+        return [self.path / name for name, _ in files]
+
     def read(self, name: str, *, limit: int) -> bytes | None:
         """A regular file's bytes (None: no such name); a link or other kind is BadInput."""
         _check_name(name)

@@ -20,7 +20,7 @@ import zipfile
 import docker
 import pytest
 
-from dspark_patch.errors import EngineUnreachable, TagExists, TargetNotFound
+from dspark_patch.errors import EngineUnreachable, TagRace, TargetNotFound
 from dspark_patch.patching.plan import FilePlan, PatchPlan
 from dspark_patch.targets.docker import NAME_PREFIX, DockerEngine, ImageTarget, gc_containers, result_image
 from dspark_patch.targets.docker.naming import Owner
@@ -328,7 +328,9 @@ def test_commit_keeps_the_config_adds_one_layer_and_labels(engine, fixture_ref):
             pre = target.read(ENVS)
             target.write(_plan(_modify(ENVS, pre, pre + b"# patched\n")))
             target.take_layer([ENVS])
-            result = target.commit(labels={"io.github.dspark-patch.patch": "test"}, tag=tag)
+            result = target.commit(labels={"io.github.dspark-patch.patch": "test"})
+            assert not engine.tag_exists(tag)  # committed untagged: a name is given last
+            assert target.name(tag, force=False).id == result.id
         committed = engine.image_info(tag)
         assert committed.id == result.id
         assert committed.layers == source.layers + 1
@@ -363,7 +365,7 @@ def test_commit_keeps_a_null_entrypoint_null(engine):
     ref = images.no_vllm_image()
     source = engine.image_info(ref)
     assert source.config["Entrypoint"] is None
-    result = result_image.build_result(engine, source, _tiny_layer("/srv/x", b"x"), labels={}, tag=None, force=False)
+    result = result_image.build_result(engine, source, _tiny_layer("/srv/x", b"x"), labels={})
     try:
         committed = engine.image_info(result.id)
         assert committed.config["Entrypoint"] is None
@@ -385,13 +387,14 @@ def test_existing_tag_is_refused_without_force_and_moved_with_it(engine, fixture
             pre = target.read(ENVS)
             target.write(_plan(_modify(ENVS, pre, pre + b"# x\n")))
             target.take_layer([ENVS])
-            with pytest.raises(TagExists) as refused:
-                target.commit(labels=mark, tag=tag)
+            committed = target.commit(labels=mark)
+            with pytest.raises(TagRace) as refused:
+                target.name(tag, force=False)
             assert refused.value.exit_code == 2
             assert engine.image_info(tag).id == before
-            assert _images_marked(engine, mark) == []
-            moved = target.commit(labels=mark, tag=tag, force=True)
-        assert engine.image_info(tag).id == moved.id != before
+            assert _images_marked(engine, mark) == [committed.id]  # the caller discards it (pipeline)
+            moved = target.name(tag, force=True)
+        assert engine.image_info(tag).id == moved.id == committed.id != before
         assert _images_marked(engine, mark) == [moved.id]
     finally:
         engine.remove_image(tag, force=True)
@@ -407,7 +410,8 @@ def test_an_image_with_neither_entrypoint_nor_cmd_keeps_both_empty(engine):
     try:
         source = engine.image_info(bare_tag)
         assert not source.config["Cmd"]
-        committed = result_image.build_result(engine, source, _tiny_layer("/srv/y", b"y\n"), labels={}, tag=tag, force=False)
+        committed = result_image.build_result(engine, source, _tiny_layer("/srv/y", b"y\n"), labels={})
+        engine.tag(committed.id, tag)
         result = engine.image_info(tag)
         assert result.id == committed.id
         assert result.config.get("Cmd") == source.config.get("Cmd")

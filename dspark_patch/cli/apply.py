@@ -30,7 +30,7 @@ def apply(
     allow_unknown_base: Annotated[bool, typer.Option("--allow-unknown-base", help="Do not require the known pre-image hashes, nor the rest of the tree to be the published wheel; rely on zero-fuzz placement alone (the report says so).")] = False,
     allow_unreviewed: Annotated[bool, typer.Option("--allow-unreviewed", help="Apply a variant `dspark-patch port` made that no person has marked reviewed yet (the report says so).")] = False,
     tag: Annotated[str | None, typer.Option("--tag", help="Name the patched image (--image only). For an index: the new index; each platform image is tagged TAG-OS-ARCH[-VARIANT].")] = None,
-    force: Annotated[bool, typer.Option("--force", help="Move an existing --tag to the new image.")] = False,
+    force: Annotated[bool, typer.Option("--force-tag", "--force", help="Move an existing --tag to the new image (without it, a tag that exists, or that another run sets meanwhile, fails the run; it is never moved).")] = False,
     push: Annotated[bool, typer.Option("--push", help="Push --tag through the engine after committing. For an index: every platform image, then the new index (only if every platform passed).")] = False,
     sign_key: Annotated[Path | None, typer.Option("--sign-key", help="With --push: sign the in-toto statement with this private key (PEM, PKCS#8, ECDSA P-256 or Ed25519; passphrase from DSPARK_PATCH_SIGN_PASSPHRASE) and attach it to each pushed manifest in the registry.")] = None,
     allow_open_key: Annotated[bool, typer.Option("--allow-open-key", help="Sign with a --sign-key file that group or others may read (refused otherwise, as ssh refuses such a key: see docs/attestations.md).")] = False,
@@ -48,6 +48,9 @@ def apply(
         allow_unknown_base=allow_unknown_base, allow_unreviewed=allow_unreviewed,
         sign_key=str(sign_key) if sign_key else None, allow_open_key=allow_open_key,
     )
+    folder = common.report_folder(report_dir, "apply")
     with output.pull_display() as pulls:
-        report = pipeline.apply(request, on_step=output.step_printer(not as_json), on_pull=pulls)
-    common.finish(report, report_dir=report_dir, as_json=as_json, junit=junit)
+        # The report set is written before the result is named (and again, whole, at the end).
+        report = pipeline.apply(request, on_step=output.step_printer(not as_json), on_pull=pulls,
+                                on_result=lambda draft: common.write_reports(draft, folder, junit))
+    common.finish(report, report_dir=folder, as_json=as_json, junit=junit)

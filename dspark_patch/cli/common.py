@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from ..errors import BadInput
+from ..errors import BadInput, DsparkPatchError, EnvironmentProblem
 from ..pipeline import ImageSpec, LocalSpec, PullPolicy, TargetSpec
 from ..report.model import AuditReport
 from . import output
@@ -59,7 +59,7 @@ def target_spec(root: Path | None, image: str | None, python: str | None, *, pul
     if platform is not None:
         raise BadInput("--platform is for --image (an image index in a registry) only")
     if tag or force or push:
-        raise BadInput("--tag, --force and --push are for --image only")
+        raise BadInput("--tag, --force-tag and --push are for --image only")
     return LocalSpec(root=str(root), python=python)
 
 
@@ -84,15 +84,44 @@ def check_outputs(report_dir: Path | None, junit: Path | None = None) -> None:
         ownfiles.check_names(junit.parent, [junit.name])
 
 
-def finish(report: AuditReport, *, report_dir: Path | None, as_json: bool, junit: Path | None = None) -> None:
-    """Write the report (every run, failed ones too), render it, and exit with its code."""
-    from ..report import render, summary
+def report_folder(report_dir: Path | None, command: str) -> Path:
+    """Where the run's report set goes: --report-dir, or ./dspark-patch-reports/COMMAND-TIME."""
+    return report_dir or DEFAULT_REPORTS / f"{command}-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}"
 
-    folder = report_dir or DEFAULT_REPORTS / (
-        f"{report.command}-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}")
+
+def write_reports(report: AuditReport, folder: Path, junit: Path | None) -> None:
+    """The report set (and the --junit file), each whole or not at all."""
+    from ..report import render
+
     render.write_report_dir(report, folder)
     if junit is not None:
         render.write_text_atomic(junit, render.to_junit(report))
+
+
+def finish(report: AuditReport, *, report_dir: Path | None, as_json: bool, junit: Path | None = None) -> None:
+    """Write the report (every run, failed ones too), render it, and exit with its code.
+
+    A report set that cannot be written fails the run (exit 3); an image `apply` whose result was
+    already named then takes the name back (pipeline.withdraw), so that no tag outlives a run that
+    exits non-zero, and no report set says "applied" for a result that was taken back."""
+    from ..report import render, summary
+
+    folder = report_dir or report_folder(None, report.command)
+    try:
+        write_reports(report, folder, junit)
+    except EnvironmentProblem as exc:
+        if report.exit_code != 0:
+            raise
+        from .. import pipeline
+
+        try:
+            undone = pipeline.withdraw(report)
+        except DsparkPatchError as also:
+            undone = f"taking the result back failed too: {also.message}"
+        render.remove_report_set(folder)
+        if undone:
+            raise EnvironmentProblem(f"{exc.message}; {undone}", hint=exc.hint) from None
+        raise
     summary.append_step_summary_from_env(report)
     if as_json:
         output.print_json(render.to_json(report))

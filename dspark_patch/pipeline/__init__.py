@@ -8,9 +8,10 @@ image index; `steps` the steps every target shares;
 from typing import TYPE_CHECKING, Any
 
 from ..targets.base import PullCallback
-from .image_steps import LABEL_PREFIX
 
 # The entry points dispatch an image index to `platforms`; anything else runs `commands` as is.
+from .commands import withdraw
+from .image_steps import LABEL_PREFIX
 from .index_run import apply, probe, verify
 from .requests import ApplyRequest, ImageSpec, LocalSpec, ProbeRequest, PullPolicy, TargetSpec, VerifyRequest
 from .runlog import StepCallback
@@ -30,5 +31,5 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "LABEL_PREFIX", "ApplyRequest", "AttestationRequest", "ImageSpec", "LocalSpec", "ProbeRequest", "PullCallback", "PullPolicy",
-    "StepCallback", "TargetSpec", "VerifyRequest", "apply", "probe", "verify", "verify_attestation",
+    "StepCallback", "TargetSpec", "VerifyRequest", "apply", "probe", "verify", "verify_attestation", "withdraw",
 ]

@@ -22,6 +22,7 @@ from .image_steps import (
     LayerCheck,
     check_labels,
     commit_image,
+    name_source,
     refuse_runs_first,
     refuse_unimported,
     runs_first,
@@ -29,7 +30,7 @@ from .image_steps import (
     unimported_copies,
 )
 from .requests import ApplyRequest, ImageSpec, LocalSpec, ProbeRequest, TargetSpec, VerifyRequest
-from .runlog import RunLog, StepCallback, target_report, with_distribution
+from .runlog import ResultCallback, RunLog, StepCallback, target_report, with_distribution
 from .steps import (
     CachingReader,
     EarlyStart,
@@ -51,9 +52,10 @@ from .steps import (
 
 
 def apply(request: ApplyRequest, *, on_step: StepCallback | None = None,
-          on_pull: PullCallback | None = None) -> AuditReport:
+          on_pull: PullCallback | None = None, on_result: ResultCallback | None = None) -> AuditReport:
+    """`on_result`: called with the report before an image result is named (runlog.ResultCallback)."""
     run = RunLog.start("apply", target_report(request.target), on_step)
-    return _run(run, request.target, lambda target: _apply(request, target, run), on_pull)
+    return _run(run, request.target, lambda target: _apply(request, target, run, on_result), on_pull)
 
 
 def verify(request: VerifyRequest, *, on_step: StepCallback | None = None,
@@ -81,6 +83,29 @@ def probe(request: ProbeRequest, *, on_step: StepCallback | None = None,
         return run.report("probed")
 
     return _run(run, request.target, steps, on_pull)
+
+
+def withdraw(report: AuditReport) -> str | None:
+    """Take back what an image `apply` named or made, for a run whose reports could not be written
+    afterwards (the exit code and the engine must agree: a failed run leaves no tag and no new
+    image). One line saying what was done, or None when there was nothing to take back. A pushed
+    tag stays in its registry: registries have no conditional delete, so that is said instead."""
+    image = report.result_image
+    if report.command != "apply" or image is None or report.status not in ("applied", "already-applied"):
+        return None
+    from ..targets import open_store
+
+    store = open_store()
+    done = []
+    if image.ref != image.id and store.tag_exists(image.ref) and store.image_info(image.ref).id == image.id:
+        store.remove_image(image.ref)  # `docker rmi TAG`: the name; the image too when nothing else names it
+        done.append(f"the tag {image.ref} was removed again")
+    if report.status == "applied" and store.tag_exists(image.id):
+        store.remove_image(image.id)
+        done.append(f"the image {image.id} this run made was removed")
+    if image.repo_digest:
+        done.append(f"{image.repo_digest} stays in its registry (pushed before the reports failed)")
+    return "; ".join(done) or None
 
 
 def _run(run: RunLog, spec: TargetSpec, steps: Callable[[Target], AuditReport],
@@ -128,7 +153,7 @@ def _image_flow(spec: TargetSpec, target: Target) -> _ImageFlow | None:
     return _ImageFlow(spec=spec, target=target)
 
 
-def _apply(request: ApplyRequest, target: Target, run: RunLog) -> AuditReport:
+def _apply(request: ApplyRequest, target: Target, run: RunLog, on_result: ResultCallback | None) -> AuditReport:
     # The image flow, checked once: an image request opens an image target.
     image = _image_flow(request.target, target)
     early = EarlyStart(target, wanted=request.probe and not request.dry_run)
@@ -150,14 +175,15 @@ def _apply(request: ApplyRequest, target: Target, run: RunLog) -> AuditReport:
     layers = LayerCheck(image.target, patchset.distribution) if image is not None else None
     try:
         return _patch(request, target, run, image=image, early=early, patchset=patchset, dist=dist, variant=variant,
-                      diff=diff, layers=layers)
+                      diff=diff, layers=layers, on_result=on_result)
     finally:
         if layers is not None:
             layers.cancel()  # a refusal or failure: no save of the image outlives the run
 
 
 def _patch(request: ApplyRequest, target: Target, run: RunLog, *, image: _ImageFlow | None, early: EarlyStart,
-           patchset: PatchSet, dist: Distribution, variant: Variant, diff: Diff, layers: LayerCheck | None) -> AuditReport:
+           patchset: PatchSet, dist: Distribution, variant: Variant, diff: Diff, layers: LayerCheck | None,
+           on_result: ResultCallback | None) -> AuditReport:
     """apply's plan, base check, write, compile, layer, probe and commit (`_apply` checked the rest)."""
     reader = CachingReader(target)
     hash_checks = not patchset.is_bare and not request.allow_unknown_base
@@ -183,12 +209,7 @@ def _patch(request: ApplyRequest, target: Target, run: RunLog, *, image: _ImageF
         if layers is not None:
             layers.join(run)
         if image is not None and image.spec.tag and not request.dry_run:
-            # Like a cached `docker build`: the name the caller asked for points at the
-            # image that already carries the patch, so a following verify/push finds it.
-            with run.step("tag"):
-                tagged = image.target.tag_source(image.spec.tag, force=image.spec.force)
-            run.update(result_image=ImageRecord(ref=tagged.ref, id=tagged.id))
-            run.notes.append(f"tagged the source image as {tagged.ref}; no new layer")
+            name_source(image.spec, image.target, run, on_result)
         return run.report("already-applied")
     if request.dry_run:
         for name in ("write", "compile", "probe"):
@@ -217,7 +238,7 @@ def _patch(request: ApplyRequest, target: Target, run: RunLog, *, image: _ImageF
         if image is None or layers is None:
             return run.report("applied")
         layers.join(run)
-        commit_image(image.spec, image.target, plan, patchset, variant, run, dist=dist)
+        commit_image(image.spec, image.target, plan, patchset, variant, run, dist=dist, on_result=on_result)
         layers.keep_new_layer()
     except BaseException:
         with run.step("restore"):

@@ -20,7 +20,7 @@ from ..targets import proofs
 from ..targets.base import Distribution, ImageCapable, LayerEntry, TargetInfo
 from ..targets.sitepath import minor_version
 from .requests import ImageSpec
-from .runlog import RunLog
+from .runlog import ResultCallback, RunLog
 from .steps import bytecode_paths
 
 LABEL_PREFIX = "io.github.dspark-patch"
@@ -166,14 +166,28 @@ def layer_changes(plan: PatchPlan, dist: Distribution, entries: Sequence[LayerEn
 
 
 def commit_image(spec: ImageSpec, target: ImageCapable, plan: PatchPlan, patchset: PatchSet, variant: Variant, run: RunLog,
-                 *, dist: Distribution) -> None:
+                 *, dist: Distribution, on_result: ResultCallback | None = None) -> None:
+    """The result image, then its reports, then its name, then the push: a run that cannot write
+    its reports, or whose tag another run took meanwhile, names nothing and leaves no image."""
     labels = labels_for(patchset, variant, plan, run)
     run.update(labels=dict(sorted(labels.items())))
     with run.step("commit"):
-        committed = target.commit(labels=labels, tag=spec.tag, force=spec.force)
-    run.update(result_image=ImageRecord(ref=committed.ref, id=committed.id))
-    # the new layer holds vLLM's files only: the result's interpreter is the source's
-    proofs.carry(target.info, TargetInfo(kind="image", ref=committed.ref, id=committed.id), dist)
+        committed = target.commit(labels=labels)
+    try:
+        run.update(result_image=ImageRecord(ref=spec.tag or committed.ref, id=committed.id))
+        # the new layer holds vLLM's files only: the result's interpreter is the source's
+        proofs.carry(target.info, TargetInfo(kind="image", ref=committed.ref, id=committed.id), dist)
+        if spec.tag:
+            if on_result is not None:
+                on_result(run.report("applied"))
+            with run.step("tag"):
+                target.name(spec.tag, force=spec.force)
+    except BaseException:
+        run.update(result_image=None)
+        removed = target.discard()
+        if removed is not None:
+            run.notes.append(f"removed the image {removed} this run made: it was not named")
+        raise
     if spec.push and spec.tag:
         try:
             with run.step("push"):
@@ -182,8 +196,26 @@ def commit_image(spec: ImageSpec, target: ImageCapable, plan: PatchPlan, patchse
             run.update(result_image=None)  # the target removed the tag again: there is no result
             raise
         repository = ImageRef.parse(spec.tag).name
-        run.update(result_image=ImageRecord(ref=committed.ref, id=committed.id, repo_digest=f"{repository}@{digest}"))
+        run.update(result_image=ImageRecord(ref=spec.tag, id=committed.id, repo_digest=f"{repository}@{digest}"))
         run.notes.append(f"pushed {spec.tag} as {repository}@{digest}")
+
+
+def name_source(spec: ImageSpec, target: ImageCapable, run: RunLog, on_result: ResultCallback | None) -> None:
+    """An image that already carries the patch: like a cached `docker build`, the name the caller
+    asked for points at it (reports first, then the name, under the tag's lock)."""
+    assert spec.tag
+    info = target.info
+    run.update(result_image=ImageRecord(ref=spec.tag, id=info.id or ""))
+    run.notes.append(f"tagged the source image as {spec.tag}; no new layer")
+    try:
+        if on_result is not None:
+            on_result(run.report("already-applied"))
+        with run.step("tag"):
+            target.tag_source(spec.tag, force=spec.force)
+    except BaseException:
+        run.update(result_image=None)
+        run.notes.pop()
+        raise
 
 
 def _only(plan: PatchPlan, files: list[FilePlan]) -> PatchPlan:

@@ -27,16 +27,18 @@ from ..targets import open_store
 from ..targets.base import ImageStore, PullCallback
 from . import commands
 from .requests import ApplyRequest, ImageSpec, ProbeRequest, VerifyRequest
-from .runlog import RunLog, StepCallback
+from .runlog import ResultCallback, RunLog, StepCallback
 
 Request = TypeVar("Request", ApplyRequest, VerifyRequest, ProbeRequest)
 Single = Callable[..., AuditReport]
 
 
 def apply(request: ApplyRequest, *, on_step: StepCallback | None = None,
-          on_pull: PullCallback | None = None) -> AuditReport:
+          on_pull: PullCallback | None = None, on_result: ResultCallback | None = None) -> AuditReport:
+    """`on_result`: called with the report before a tagged result is named (runlog.ResultCallback);
+    the platform images of an index are tagged by the index run, which does not call it."""
     if request.sign_key is None:
-        return _dispatch("apply", request, partial(commands.apply, on_pull=on_pull), on_step)
+        return _dispatch("apply", request, partial(commands.apply, on_pull=on_pull, on_result=on_result), on_step)
     from pathlib import Path
 
     from ..attest.dsse import load_signer
@@ -47,7 +49,7 @@ def apply(request: ApplyRequest, *, on_step: StepCallback | None = None,
         signer = load_signer(Path(request.sign_key), allow_open=request.allow_open_key)
     except DsparkPatchError as exc:
         return RunLog.start("apply", target_report(request.target), on_step).report("failed", exc)
-    report = _dispatch("apply", request, partial(commands.apply, on_pull=on_pull), on_step)
+    report = _dispatch("apply", request, partial(commands.apply, on_pull=on_pull, on_result=on_result), on_step)
     return sign_and_attach(report, signer, on_step)
 
 
@@ -273,7 +275,7 @@ class _IndexRun:
                 image = r.report.result_image or r.report.target.image
                 assert image is not None  # an applied or already-applied image run names its result
                 tag = tags[Platform.parse(r.platform)]
-                store.tag(image.id, tag)
+                store.tag(image.id, tag, force=self.spec.force)
                 tagged.append(replace(r, report=replace(r.report, result_image=ImageRecord(ref=tag, id=image.id))))
         return tagged
 

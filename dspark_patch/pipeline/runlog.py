@@ -24,6 +24,10 @@ from ..targets.base import Distribution
 from .requests import LocalSpec, TargetSpec
 
 StepCallback = Callable[[StepReport], None]
+# Called with the run's report (as it will read if naming the result succeeds) once the result is
+# complete and before it is named: the CLI writes the report set there, so that a run whose
+# reports cannot be written names nothing.
+ResultCallback = Callable[[AuditReport], None]
 
 
 @dataclass(kw_only=True)

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Literal
 
 from dspark_patch import ownfiles
-from dspark_patch.errors import BadInput, EnvironmentProblem
+from dspark_patch.errors import BadInput, DsparkPatchError, EnvironmentProblem
 from dspark_patch.report.audit_json import from_json_dict, load_schema, read_report, to_json
 from dspark_patch.report.intoto import PREDICATE_TYPE, STATEMENT_TYPE, subjects, to_intoto
 from dspark_patch.report.junit import to_junit
@@ -75,6 +75,16 @@ def write_text_atomic(path: Path, text: str) -> Path:
     return ownfiles.write_file(path, text)
 
 
+def remove_report_set(directory: Path) -> None:
+    """Take a written report set back (its run's result was withdrawn afterwards); best effort."""
+    try:
+        with ownfiles.open_folder(directory, create=False) as folder:
+            for name in REPORT_FILES:
+                folder.remove(name)
+    except (OSError, DsparkPatchError):
+        pass
+
+
 def write_report_dir(report: AuditReport, directory: Path) -> list[Path]:
     """Write audit.json, audit.md, junit.xml and, when an image was committed, the attestation
     (statement and predicate). Returns the paths written, in that order."""
@@ -83,11 +93,10 @@ def write_report_dir(report: AuditReport, directory: Path) -> list[Path]:
     texts = [(AUDIT_JSON, dumps(predicate)), (AUDIT_MD, to_markdown(report)), (JUNIT_XML, to_junit(report))]
     if subjects(report):
         texts += [(STATEMENT_JSON, dumps(_statement(report))), (PREDICATE_JSON, dumps(predicate))]
-    written = []
     try:
         with ownfiles.open_folder(directory) as folder:
-            for name, text in texts:
-                written.append(folder.write(name, text.encode("utf-8", "backslashreplace")))
+            # One set: written whole or not at all (a full disk leaves the earlier set as it was).
+            written = folder.write_set([(name, text.encode("utf-8", "backslashreplace")) for name, text in texts])
             if not subjects(report):
                 # A reused report folder must not keep the attestation of an earlier run next to
                 # this run's audit: a CI step would sign the wrong image's evidence.

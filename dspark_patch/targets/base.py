@@ -217,9 +217,19 @@ class ImageCapable(Target, Protocol):
         """Raise TagExists when `tag` exists and `force` is not given."""
         ...
 
-    def commit(self, *, labels: Mapping[str, str], tag: str | None, force: bool = False) -> CommittedImage:
+    def commit(self, *, labels: Mapping[str, str]) -> CommittedImage:
         """One new layer (the one `take_layer` took) on top of the source, its config kept and
-        `labels` added; tagged only once verified."""
+        `labels` added; untagged (`name` gives it its tag, last)."""
+        ...
+
+    def name(self, tag: str, *, force: bool) -> CommittedImage:
+        """Tag the committed result as `tag`, only if the tag is still free (or `force`), under
+        the engine's lock on the tag: another run's tag is never moved silently."""
+        ...
+
+    def discard(self) -> str | None:
+        """Remove the committed result again (the run failed after the commit); its id, if one
+        was removed. A tagged result loses this run's tag first."""
         ...
 
     def tag_source(self, tag: str, *, force: bool) -> CommittedImage:
@@ -296,7 +306,9 @@ class ImageStore(Protocol):
         """`ref` in the store, pulled first as `pull` says; its info and whether it was pulled."""
         ...
 
-    def tag(self, image_id: str, name: str) -> None: ...
+    def tag(self, image_id: str, name: str, *, force: bool) -> None:
+        """Name `image_id`; a tag set meanwhile by another run is a TagRace unless `force`."""
+        ...
 
     def refuse_existing_tag(self, tag: str, *, force: bool) -> None:
         """Raise TagExists when `tag` names an image already and `force` is not given."""

@@ -126,6 +126,16 @@ class DockerEngine:
         """Push `tag` to its registry; returns the pushed manifest digest (sha256:...)."""
         return transfer.push_image(self.client.api, tag)
 
+    def registry_digest(self, tag: str) -> str | None:
+        """The manifest digest `tag` names in its registry now (the engine asks the registry with
+        the docker config's login); None when the engine cannot say (an engine without the call)."""
+        try:
+            found = self.client.api.inspect_distribution(tag)
+        except (docker.errors.APIError, requests.exceptions.RequestException):
+            return None
+        digest = (found.get("Descriptor") or {}).get("digest")
+        return str(digest) if digest else None
+
     def ensure_image(self, ref: str, *, pull: PullPolicy, platform: str | None = None,
                      on_progress: PullCallback | None = None) -> tuple[ImageInfo, bool]:
         """`ref` on this engine, pulled first as `pull` says (docker run's --pull); returns its

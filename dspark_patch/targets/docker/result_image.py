@@ -12,7 +12,7 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
-from ...errors import CheckFailed, LayerMismatch, TagExists
+from ...errors import CheckFailed, LayerMismatch
 from ..base import CommittedImage
 from .append import append_layer
 from .client import DockerEngine, ImageInfo
@@ -34,36 +34,22 @@ def keepalive_argv(python: str) -> list[str]:
     return [python, "-B", "-c", KEEPALIVE]
 
 
-def refuse_existing_tag(engine: DockerEngine, tag: str, *, force: bool) -> None:
-    if engine.tag_exists(tag) and not force:
-        raise TagExists(
-            f"tag {tag} already exists ({engine.image_info(tag).id})",
-            hint="choose another --tag, or pass --force to move it to the patched image",
-        )
-
-
 def build_result(
-    engine: DockerEngine, source: ImageInfo, layer: bytes, *,
-    labels: Mapping[str, str], tag: str | None, force: bool,
+    engine: DockerEngine, source: ImageInfo, layer: bytes, *, labels: Mapping[str, str],
 ) -> CommittedImage:
-    """`source` plus `layer` with the source's config and `labels` added.
-
-    Nothing is tagged unless the result is verified (layers, config field by field); an
-    unverified image is removed."""
-    if tag:
-        refuse_existing_tag(engine, tag, force=force)
+    """`source` plus `layer` with the source's config and `labels` added, untagged: a name is
+    given last (tag_lock.name_image), once the run's reports are written. An image that fails
+    its check (layers, config field by field) is removed."""
     expected = copy.deepcopy(dict(source.config))
     expected["Labels"] = {**(expected.get("Labels") or {}), **labels}
     image_id = append_layer(engine, source, layer, expected)
     try:
         result = engine.image_info(image_id)
         check_result(source, result, expected)
-        if tag:
-            engine.tag(result.id, tag)
     except BaseException:
         engine.remove_image(image_id, force=True)
         raise
-    return CommittedImage(ref=tag or result.id, id=result.id, layers=result.layers)
+    return CommittedImage(ref=result.id, id=result.id, layers=result.layers)
 
 
 def check_result(source: ImageInfo, result: ImageInfo, expected: Mapping[str, Any]) -> None:

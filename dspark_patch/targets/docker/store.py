@@ -16,7 +16,7 @@ from ..layers.cache import ScanCache
 from . import reader
 from .client import DockerEngine
 from .emulation import check_emulation, engine_platform
-from .result_image import refuse_existing_tag
+from .tag_lock import name_image, refuse_taken
 from .target import ImageTarget
 
 
@@ -37,11 +37,13 @@ class DockerStore:
                      on_progress: PullCallback | None = None) -> tuple[ImageInfo, bool]:
         return self.engine.ensure_image(ref, pull=pull, platform=platform, on_progress=on_progress)
 
-    def tag(self, image_id: str, name: str) -> None:
-        self.engine.tag(image_id, name)
+    def tag(self, image_id: str, name: str, *, force: bool) -> None:
+        """Name `image_id` under the engine's lock on `name` (tag_lock.py): a tag another run set
+        meanwhile is a TagRace unless `force`."""
+        name_image(self.engine, image_id, name, force=force)
 
     def refuse_existing_tag(self, tag: str, *, force: bool) -> None:
-        refuse_existing_tag(self.engine, tag, force=force)
+        refuse_taken(self.engine, tag, force=force)
 
     def push(self, tag: str) -> str:
         return self.engine.push(tag)

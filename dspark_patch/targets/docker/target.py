@@ -18,8 +18,11 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import docker.errors
 
 from ...distname import filename_name
 from ...errors import (
@@ -28,6 +31,7 @@ from ...errors import (
     CheckFailed,
     DsparkPatchError,
     EnvironmentProblem,
+    TagRace,
     TargetNotFound,
     UnsafePatch,
 )
@@ -49,7 +53,7 @@ from ..layerfs import merge_scans, status_keep
 from ..layers import TarStream
 from ..layers.cache import ScanCache
 from ..layers.scan import scan_layer
-from . import emulation, result_image, tree_hashes
+from . import emulation, result_image, tag_lock, tree_hashes
 from .client import DockerEngine, ImageInfo
 from .container import NEW_FILE, ExecutableMissing, FileMeta, RunningCall, WorkContainer
 from .reader import ImageReader, save_layer_where, save_views
@@ -85,6 +89,7 @@ class ImageTarget:
         self._located: set[str] = set()   # the interpreters locate ran
         self._notes: list[str] = []
         self._layer: bytes | None = None
+        self._result: CommittedImage | None = None   # what commit() made, until discard()
         self._written = False             # anything copied into the work container: no answer is kept after
         self._emulated: bool | None = None
         self._stack = ExitStack()
@@ -465,22 +470,57 @@ class ImageTarget:
     def source_labels(self) -> Mapping[str, str]:
         return self.source.config.get("Labels") or {}
 
-    def commit(self, *, labels: Mapping[str, str], tag: str | None, force: bool = False) -> CommittedImage:
+    def commit(self, *, labels: Mapping[str, str]) -> CommittedImage:
         """The layer `take_layer` took, on top of the source with the source's config and `labels`
-        added. Nothing is tagged unless the result is verified (layers, config field by field)."""
+        added, untagged. Nothing stays unless the result is verified (layers, config field by field)."""
         assert self._engine
         if self._layer is None:
             raise RuntimeError("take_layer() must run before commit()")
-        return result_image.build_result(self._engine, self.source, self._layer, labels=labels, tag=tag, force=force)
+        self._result = result_image.build_result(self._engine, self.source, self._layer, labels=labels)
+        return self._result
+
+    def name(self, tag: str, *, force: bool) -> CommittedImage:
+        """Tag the committed result, last, under the engine's lock on the tag (tag_lock.py)."""
+        assert self._engine and self._result is not None
+        tag_lock.name_image(self._engine, self._result.id, tag, force=force)
+        self._result = replace(self._result, ref=tag)
+        return self._result
+
+    def discard(self) -> str | None:
+        """The run failed after the commit: its result goes (this run's tag first, if it set one
+        and the tag still names the result; another name keeps the image, as `docker rmi` would)."""
+        assert self._engine
+        result, self._result = self._result, None
+        if result is None:
+            return None
+        if result.ref != result.id and self._engine.tag_exists(result.ref) \
+                and self._engine.image_info(result.ref).id == result.id:
+            self._engine.untag(result.ref)
+        try:
+            self._engine.remove_image(result.id)
+        except docker.errors.APIError:
+            self._notes.append(f"the image {result.id} this run made stays: another name or container refers to it")
+            return None
+        return result.id
 
     def push(self, tag: str) -> str:
-        """Push a tag (e.g. the committed result) to its registry; returns the manifest digest.
+        """Push a tag (e.g. the committed result) to its registry; returns the manifest digest,
+        read back from the registry: registries have no conditional put, so a digest that differs
+        there is another push that moved the tag meanwhile (TagRace).
 
         A failed push leaves no name behind: the tag is removed, and with it the committed image
         unless another name refers to it (the engine's own rule for `docker rmi TAG`)."""
         assert self._engine
         try:
-            return self._engine.push(tag)
+            digest = self._engine.push(tag)
+            there = self._engine.registry_digest(tag)
+            if there is None:
+                self._notes.append(f"the registry's digest of {tag} could not be read back after the push")
+            elif there != digest:
+                raise TagRace(f"the registry's {tag} names {there}, not the {digest} this run pushed: "
+                              "another push moved the tag meanwhile",
+                              hint="find which run pushed last; push again, or choose another --tag")
+            return digest
         except BaseException:
             try:
                 image_id = self._engine.untag(tag)
@@ -494,13 +534,12 @@ class ImageTarget:
     def refuse_existing_tag(self, tag: str, *, force: bool) -> None:
         """Fail early, before any work, when `tag` exists and may not be moved."""
         assert self._engine
-        result_image.refuse_existing_tag(self._engine, tag, force=force)
+        tag_lock.refuse_taken(self._engine, tag, force=force)
 
     def tag_source(self, tag: str, *, force: bool) -> CommittedImage:
         """Name the source image itself (it already carries the patch): no new layer."""
         assert self._engine
-        self.refuse_existing_tag(tag, force=force)
-        self._engine.tag(self.source.id, tag)
+        tag_lock.name_image(self._engine, self.source.id, tag, force=force)
         return CommittedImage(ref=tag, id=self.source.id, layers=self.source.layers)
 
     # --- internals ----------------------------------------------------------------------
