@@ -2,7 +2,9 @@
 
 vLLM cannot be imported here (no GPU libraries), so the patched functions are pulled out of the
 patched files by AST and run with synthetic configs, the way the consumer probe does it in an
-image. Every helper below reads the real installed files; nothing is re-typed from vLLM.
+image. Every helper below reads the real installed files; nothing is re-typed from vLLM: the
+speculative config the decision asks is the release's own `SpeculativeConfig`, its methods taken
+from the installed `vllm/config/speculative.py` as the probe takes them.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ ENVS = "vllm/envs.py"
 EAGLE3_UTILS = "vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py"
 DFLASH = "vllm/v1/worker/gpu/spec_decode/dflash/speculator.py"
 PLATFORM = "vllm/platforms/interface.py"
+SPECULATIVE = "vllm/config/speculative.py"
 NUM_LAYERS = 43  # DeepSeek V4 Flash target layers
 
 
@@ -106,25 +109,50 @@ def decision(tree: Path):
     return _define(_function(_parse(tree, MODEL), "dspark_skips_mtp_hidden_buffer"), ns)
 
 
-class Spec(SimpleNamespace):
-    def use_dspark(self):
-        return self.method == "dspark"
+def speculative_config_class(tree: Path) -> type:
+    """vLLM's `SpeculativeConfig` of `tree`, as the probe takes it: the class's own methods (the
+    undecorated ones, from the installed file) on an object holding the fields a test gives.
 
-    def use_eagle(self):
-        return self.method in ("eagle", "eagle3", "mtp", "dflash", "dspark")
+    The class itself cannot be made here: `vllm.config` imports vLLM's dependencies (regex,
+    transformers, ...), none of them installed, and its `__post_init__` builds the draft model's
+    `ModelConfig`, which loads that model's config from the hub."""
+    cls = next(n for n in _parse(tree, SPECULATIVE).body if isinstance(n, ast.ClassDef) and n.name == "SpeculativeConfig")
+    ns: dict = {}
+    methods = {fn.name: _define(fn, ns) for fn in cls.body
+               if isinstance(fn, ast.FunctionDef) and not fn.decorator_list and not fn.name.startswith("__")}
+    return type("SpeculativeConfig", (SimpleNamespace,), methods)
 
-    def uses_draft_model(self):
-        return self.method == "draft_model"
+
+def declared_methods(tree: Path) -> set[str]:
+    """Every speculative method the release declares: the strings of its `SpeculativeMethod`
+    Literal, following the Literal aliases it names."""
+    literals = {n.targets[0].id: n.value for n in _parse(tree, SPECULATIVE).body
+                if isinstance(n, ast.Assign) and isinstance(n.targets[0], ast.Name) and isinstance(n.value, ast.Subscript)
+                and ast.unparse(n.value.value) == "Literal"}
+
+    def strings(name: str) -> set[str]:
+        items = literals[name].slice
+        found: set[str] = set()
+        for item in items.elts if isinstance(items, ast.Tuple) else [items]:
+            if isinstance(item, ast.Constant):
+                found.add(item.value)
+            elif isinstance(item, ast.Name):
+                found |= strings(item.id)
+            else:
+                raise LookupError(f"{name}: {ast.unparse(item)} is neither a string nor a Literal's name")
+        return found
+
+    return strings("SpeculativeMethod")
 
 
-def config(*, method="dspark", v2=True, pp=1, aux=(1, 21, 41), aux_key="dspark_target_layer_ids",
-           rows=4096, dtype=torch.bfloat16):
+def config(speculative_config: type, *, method="dspark", v2=True, pp=1, aux=(1, 21, 41),
+           aux_key="dspark_target_layer_ids", rows=4096, dtype=torch.bfloat16):
     spec = None
     if method is not None:
         hf = SimpleNamespace(model_type="deepseek_v4")
         if aux is not None:
             setattr(hf, aux_key, list(aux))
-        spec = Spec(method=method, draft_model_config=SimpleNamespace(hf_config=hf))
+        spec = speculative_config(method=method, draft_model_config=SimpleNamespace(hf_config=hf))
     return SimpleNamespace(
         speculative_config=spec, use_v2_model_runner=v2,
         parallel_config=SimpleNamespace(pipeline_parallel_size=pp),
@@ -135,7 +163,10 @@ def config(*, method="dspark", v2=True, pp=1, aux=(1, 21, 41), aux_key="dspark_t
 
 @pytest.fixture(scope="module")
 def skips(patched):
-    return decision(patched)
+    """The patched decision on a config of `config(...)`'s keywords, with the tree's own
+    SpeculativeConfig, for DeepSeek V4 Flash's layers."""
+    decide, speculative_config = decision(patched), speculative_config_class(patched)
+    return lambda **cfg: decide(config(speculative_config, **cfg), NUM_LAYERS)
 
 
 # --- the diff itself --------------------------------------------------------------------------
@@ -178,17 +209,17 @@ def test_patched_files_byte_compile_in_checked_hash_mode(patched, tmp_path):
 # --- the decision -----------------------------------------------------------------------------
 def test_opt_in_skips_for_v2_dspark_with_valid_aux_layers_and_pp1(skips, monkeypatch):
     monkeypatch.setenv(FLAG, "1")
-    assert skips(config(), NUM_LAYERS) is True
+    assert skips() is True
 
 
 def test_default_unset_keeps_the_buffer(skips, monkeypatch):
     monkeypatch.delenv(FLAG, raising=False)
-    assert skips(config(), NUM_LAYERS) is False
+    assert skips() is False
 
 
 def test_flag_zero_keeps_the_buffer(skips, monkeypatch):
     monkeypatch.setenv(FLAG, "0")
-    assert skips(config(), NUM_LAYERS) is False
+    assert skips() is False
 
 
 @pytest.mark.parametrize("value", ["2", "true", "yes", "", " 1", "01"])
@@ -196,36 +227,43 @@ def test_flag_zero_keeps_the_buffer(skips, monkeypatch):
 def test_invalid_values_are_an_error_naming_the_variable_and_choices(skips, monkeypatch, value, method):
     monkeypatch.setenv(FLAG, value)
     with pytest.raises(ValueError) as info:
-        skips(config(method=method), NUM_LAYERS)
+        skips(method=method)
     assert FLAG in str(info.value) and "'0'" in str(info.value) and "'1'" in str(info.value)
 
 
 def test_ordinary_mtp_keeps_the_buffer(skips, monkeypatch):
     monkeypatch.setenv(FLAG, "1")
-    assert skips(config(method="mtp"), NUM_LAYERS) is False
+    assert skips(method="mtp") is False
 
 
 @pytest.mark.parametrize("method", ["eagle", "eagle3", "dflash", "draft_model", "ngram", None])
 def test_other_methods_keep_the_buffer(skips, monkeypatch, method):
     monkeypatch.setenv(FLAG, "1")
-    assert skips(config(method=method), NUM_LAYERS) is False
+    assert skips(method=method) is False
+
+
+def test_of_every_method_the_release_declares_only_dspark_skips(patched, skips, monkeypatch):
+    monkeypatch.setenv(FLAG, "1")
+    methods = declared_methods(patched)
+    assert {"dspark", "dflash", "eagle3", "mtp", "draft_model", "ngram"} < methods  # the Literal was read
+    assert {method for method in methods if skips(method=method)} == {"dspark"}
 
 
 def test_v1_model_runner_keeps_the_buffer(skips, monkeypatch):
     monkeypatch.setenv(FLAG, "1")
-    assert skips(config(v2=False), NUM_LAYERS) is False
+    assert skips(v2=False) is False
 
 
 @pytest.mark.parametrize("pp", [2, 4])
 def test_pipeline_parallel_keeps_the_buffer(skips, monkeypatch, pp):
     monkeypatch.setenv(FLAG, "1")
-    assert skips(config(pp=pp), NUM_LAYERS) is False
+    assert skips(pp=pp) is False
 
 
 def test_missing_aux_layers_keep_the_buffer(skips, monkeypatch):
     # No ids in the draft config: 0.33.0 falls back to the model's default layers.
     monkeypatch.setenv(FLAG, "1")
-    assert skips(config(aux=None), NUM_LAYERS) is False
+    assert skips(aux=None) is False
 
 
 @pytest.mark.parametrize(
@@ -240,16 +278,16 @@ def test_missing_aux_layers_keep_the_buffer(skips, monkeypatch):
 )
 def test_invalid_aux_layers_keep_the_buffer(skips, monkeypatch, aux):
     monkeypatch.setenv(FLAG, "1")
-    assert skips(config(aux=aux), NUM_LAYERS) is False
+    assert skips(aux=aux) is False
 
 
 def test_aux_layers_are_read_where_033_reads_them(skips, monkeypatch):
     # eagle_aux_hidden_state_layer_ids are taken as-is (capture-after); dspark ids get +1.
     monkeypatch.setenv(FLAG, "1")
-    assert skips(config(aux=[2, 43], aux_key="eagle_aux_hidden_state_layer_ids"), NUM_LAYERS) is True
-    assert skips(config(aux=[2, 44], aux_key="eagle_aux_hidden_state_layer_ids"), NUM_LAYERS) is False
-    assert skips(config(aux=[True, 5], aux_key="eagle_aux_hidden_state_layer_ids"), NUM_LAYERS) is False
-    assert skips(config(aux=[42]), NUM_LAYERS) is True  # the last layer, 43 after +1
+    assert skips(aux=[2, 43], aux_key="eagle_aux_hidden_state_layer_ids") is True
+    assert skips(aux=[2, 44], aux_key="eagle_aux_hidden_state_layer_ids") is False
+    assert skips(aux=[True, 5], aux_key="eagle_aux_hidden_state_layer_ids") is False
+    assert skips(aux=[42]) is True  # the last layer, 43 after +1
 
 
 # --- the allocation site in DeepseekV4Model.__init__ ----------------------------------------
@@ -276,7 +314,7 @@ def allocation_site(tree: Path):
 def run_site(tree, *, pp_last=True, **cfg):
     logger, owner = Logger(), SimpleNamespace(hc_dim=cfg.pop("hc_dim", 16384))
     ns = {
-        "torch": torch, "logger": logger, "self": owner, "vllm_config": config(**cfg),
+        "torch": torch, "logger": logger, "self": owner, "vllm_config": config(speculative_config_class(tree), **cfg),
         "config": SimpleNamespace(num_hidden_layers=NUM_LAYERS),
         "get_pp_group": lambda: SimpleNamespace(is_last_rank=pp_last),
         "dspark_skips_mtp_hidden_buffer": decision(tree),

@@ -18,6 +18,11 @@ A SIGTERM that arrives while a removal is under way used to cut it short (the co
 waited for the next run's clean-up); it is now held until the removal ends and then ends the run
 (exit 143). A second one ends it at once, so an engine that hangs cannot make the run unkillable.
 The stand-ins send the signals to this process from inside their removal.
+
+The work container asks whether the image has `timeout` on a thread of its own, started right
+after the container (`WorkContainer._check_timeout`); the stand-in engine answers that exec, so
+the real check runs here, beside the start, and the SIGTERM tests wait for the threads the tool
+started (and none may end with an exception).
 """
 
 from __future__ import annotations
@@ -25,7 +30,11 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
+from collections.abc import Iterator
+from types import SimpleNamespace
 
+import docker.errors
 import pytest
 
 from dspark_patch.targets.docker.client import DockerEngine
@@ -33,12 +42,24 @@ from dspark_patch.targets.docker.container import WorkContainer
 
 
 class Engine:
-    """Makes and removes containers by name, as the engine's API does. With `terms_in_removal`,
-    that many SIGTERMs reach this process while a removal is under way (a CI job's cancel)."""
+    """Makes and removes containers by name, as the engine's API does, and runs execs in them
+    (each exits 0; the image has `timeout`). With `terms_in_removal`, that many SIGTERMs reach
+    this process while a removal is under way (a CI job's cancel).
+
+    `execs` lists each exec asked for: its command and whether the main thread asked. An exec
+    asked from another thread first waits for `beside_may_go` (set unless a test holds it), then
+    fails as the engine's does when its container is gone or not running."""
 
     def __init__(self, terms_in_removal: int = 0) -> None:
         self.alive: set[str] = set()
+        self.running: set[str] = set()
         self.terms_in_removal = terms_in_removal
+        self.execs: list[tuple[tuple[str, ...], str]] = []
+        self.beside_may_go = threading.Event()
+        self.beside_may_go.set()
+        self._exec_in: dict[str, str] = {}
+        self.api = SimpleNamespace(exec_create=self.exec_create, exec_start=self.exec_start,
+                                   exec_inspect=self.exec_inspect)
 
     def create_container(self, image_id: str, *, name: str, **options: object) -> object:
         self.alive.add(name)
@@ -46,9 +67,10 @@ class Engine:
 
         class Container:
             id = name
+            client = SimpleNamespace(api=engine.api)
 
             def start(self) -> None:
-                pass
+                engine.running.add(name)
 
             def remove(self, **options: object) -> None:
                 engine.remove_container(name)
@@ -59,6 +81,41 @@ class Engine:
         for _ in range(self.terms_in_removal):
             os.kill(os.getpid(), signal.SIGTERM)  # its handler runs before the next line
         self.alive.discard(name_or_id)
+        self.running.discard(name_or_id)
+
+    def exec_create(self, container_id: str, cmd: list[str], **options: object) -> dict:
+        main = threading.current_thread() is threading.main_thread()
+        if not main:
+            self.beside_may_go.wait()
+        self.execs.append((tuple(cmd), "main" if main else "beside"))
+        if container_id not in self.alive:
+            raise docker.errors.NotFound(f"No such container: {container_id}")
+        if container_id not in self.running:
+            raise docker.errors.APIError(f"container {container_id} is not running")
+        exec_id = f"exec-{len(self._exec_in)}"
+        self._exec_in[exec_id] = container_id
+        return {"Id": exec_id}
+
+    def exec_start(self, exec_id: str, demux: bool = False, **options: object) -> object:
+        if self._exec_in[exec_id] not in self.running:
+            raise docker.errors.APIError(f"container {self._exec_in[exec_id]} is not running")
+        return (b"", b"") if demux else b""
+
+    def exec_inspect(self, exec_id: str) -> dict:
+        return {"Running": False, "ExitCode": 0}
+
+
+@pytest.fixture(autouse=True)
+def threads_of_the_tool(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The threads a test's tool code started are waited for at its end; none may have ended
+    with an exception (the work container's `timeout` check must stay quiet)."""
+    before = set(threading.enumerate())
+    errors: list[BaseException | None] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: errors.append(args.exc_value))
+    yield
+    for thread in set(threading.enumerate()) - before:
+        thread.join()
+    assert errors == []
 
 
 def _terminated_at_the_return_of(code):  # type: ignore[no-untyped-def]
@@ -75,10 +132,8 @@ def _terminated_at_the_return_of(code):  # type: ignore[no-untyped-def]
 
 
 def _work(engine: Engine) -> WorkContainer:
-    work = WorkContainer(engine, "sha256:" + "0" * 64, ref="img", python="python3",  # type: ignore[arg-type]
+    return WorkContainer(engine, "sha256:" + "0" * 64, ref="img", python="python3",  # type: ignore[arg-type]
                          keepalive={"entrypoint": ["python3"], "command": None})
-    work._check_timeout = lambda: None  # type: ignore[method-assign]
-    return work
 
 
 def test_a_sigterm_right_after_the_create_leaves_no_container() -> None:
@@ -121,6 +176,19 @@ def test_a_start_that_ends_normally_keeps_its_container_until_the_exit() -> None
     with work:
         assert len(engine.alive) == 1
     assert engine.alive == set()
+
+
+def test_the_timeout_check_runs_beside_the_start_and_the_first_call_uses_its_answer() -> None:
+    # The check is started with the container so that the first exec need not wait for its
+    # round trips; the first call waits for it (a join, no sleep) and wraps its command.
+    engine = Engine()
+    with _work(engine) as work:
+        result = work.call(["python3", "-c", "pass"], timeout=30)
+    assert (result.returncode, result.timed_out) == (0, False)
+    assert engine.execs == [
+        (("timeout", "--help"), "beside"),
+        (("timeout", "-k", "5", "30", "python3", "-c", "pass"), "main"),
+    ]
 
 
 class Client:
@@ -232,13 +300,21 @@ def _terminated_at_line(n: int, armed):  # type: ignore[no-untyped-def]
     return tracer, fired
 
 
-def _every_line(enter, alive, armed=None):  # type: ignore[no-untyped-def]
+def _every_line(enter, alive, armed=None, beside_may_go=None):  # type: ignore[no-untyped-def]
     """Runs `enter()` once per line (see above) while `armed()` (default: a container is
     alive); returns how many lines were tried. Each run must end with no container alive,
-    whether the SystemExit came or not."""
+    whether the SystemExit came or not.
+
+    With `beside_may_go` (the stand-in engine's event), the execs asked from the tool's other
+    threads (the work container's `timeout` check) are held until the run has left, so that
+    check always meets the container gone, as after a SIGTERM: a thread still waiting then must
+    not keep the process alive (a daemon), and it must end quietly once let go."""
     before = signal.getsignal(signal.SIGTERM)
     n = 0
     while True:
+        threads = set(threading.enumerate())
+        if beside_may_go is not None:
+            beside_may_go.clear()
         tracer, fired = _terminated_at_line(n, lambda: bool((armed or alive)()))
         sys.settrace(tracer)
         try:
@@ -249,6 +325,14 @@ def _every_line(enter, alive, armed=None):  # type: ignore[no-untyped-def]
             sys.settrace(None)
         if leave is not None:
             leave()
+        started = set(threading.enumerate()) - threads
+        try:
+            assert all(thread.daemon for thread in started), f"a SIGTERM at line {n}: a thread would hold the exit"
+        finally:
+            if beside_may_go is not None:
+                beside_may_go.set()
+            for thread in started:
+                thread.join()
         assert not alive(), f"a SIGTERM at line {n} after the create left {alive()}"
         assert signal.getsignal(signal.SIGTERM) is before, f"a SIGTERM at line {n} left its handler"
         if not fired[0]:
@@ -264,7 +348,9 @@ def test_a_sigterm_at_any_line_of_the_work_containers_start_leaves_no_container(
         work.__enter__()
         return lambda: work.__exit__(None, None, None)
 
-    assert _every_line(enter, lambda: engine.alive) > 0  # lines were tried: the create happened
+    # lines were tried (the create happened), and the real check ran on its thread
+    assert _every_line(enter, lambda: engine.alive, beside_may_go=engine.beside_may_go) > 0
+    assert engine.execs[-1] == (("timeout", "--help"), "beside")
 
 
 class TargetEngine(Engine):
@@ -277,8 +363,7 @@ class TargetEngine(Engine):
         return []
 
 
-def test_a_sigterm_at_any_line_of_an_image_targets_entry_leaves_no_container(monkeypatch) -> None:
-    monkeypatch.setattr(WorkContainer, "_check_timeout", lambda self: None)
+def test_a_sigterm_at_any_line_of_an_image_targets_entry_leaves_no_container() -> None:
     engine = TargetEngine()
 
     def enter():  # type: ignore[no-untyped-def]
@@ -286,7 +371,8 @@ def test_a_sigterm_at_any_line_of_an_image_targets_entry_leaves_no_container(mon
         target.__enter__()
         return lambda: target.__exit__(None, None, None)
 
-    assert _every_line(enter, lambda: engine.alive) > 0
+    assert _every_line(enter, lambda: engine.alive, beside_may_go=engine.beside_may_go) > 0
+    assert engine.execs[-1] == (("timeout", "--help"), "beside")
 
 
 class ReaderEngine:
