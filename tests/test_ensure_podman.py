@@ -67,7 +67,7 @@ def test_a_broken_or_dead_service_is_restarted_and_a_healthy_one_kept(tmp_path: 
 
         # Dead, its socket left behind: started afresh.
         os.kill(started[-1], signal.SIGKILL)
-        time.sleep(1)
+        _wait_gone(started[-1])
         assert (run_dir / "podman.sock").exists()
         dead = _ensure(run_dir)
         assert dead.returncode == 0 and "starting podman system service" in dead.stderr, dead.stderr
@@ -103,3 +103,16 @@ def test_a_broken_or_dead_service_is_restarted_and_a_healthy_one_kept(tmp_path: 
     finally:
         for pid in started:
             _stop(pid)
+
+
+def _wait_gone(pid: int) -> None:
+    """Until process `pid` has ended (gone, or a zombie nobody reaped yet): the kill has landed."""
+    for _ in range(600):
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return
+        if state == "Z":
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"process {pid} still runs 30 s after SIGKILL")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -111,3 +112,83 @@ def test_the_genuine_patch_set_still_applies_and_verifies(vllm033_tree: Path, tm
     res = run("verify", "--root", str(vllm033_tree), "--patch", str(tmp_path / MATH_SET.name), "--python", PY,
               "--report-dir", str(tmp_path / "v"))
     assert res.returncode == 0, res.stderr
+
+
+# --- a diff changes only what the distribution owns, and what was written is what was planned ---
+def _append_diff(path: str, old: bytes, line: bytes) -> bytes:
+    """A diff entry for `path` that appends `line` to `old` (its last three lines as context)."""
+    lines = old.splitlines(keepends=True)
+    start = len(lines) - 2
+    context = b"".join(b" " + l for l in lines[-3:])
+    return (f"--- a/{path}\n+++ b/{path}\n@@ -{start},3 +{start},4 @@\n".encode() + context + b"+" + line)
+
+
+@pytest.mark.parametrize(("path", "says"), [
+    ("zz-evil.pth", "a .pth file"),
+    ("vllm/evil.pth", "a .pth file"),
+    ("sitecustomize.py", "a sitecustomize module"),
+    ("vllm/usercustomize/__init__.py", "a usercustomize module"),
+    ("torch_evil/__init__.py", "outside vllm's own folders"),
+    ("vllm-0.33.0.dist-info/evil.py", "outside vllm's own folders"),
+    ("evil_top.py", "outside vllm's own folders"),
+], ids=["pth-at-top", "pth-inside", "sitecustomize", "usercustomize", "other-folder", "dist-info", "top-module"])
+def test_a_diff_beside_the_real_change_that_adds_what_vllm_does_not_own_is_refused(
+        vllm033_tree: Path, tmp_path: Path, path: str, says: str) -> None:
+    before = fingerprint(vllm033_tree)
+    diff = tmp_path / "evil.diff"
+    real = _append_diff(MATH, (vllm033_tree / MATH).read_bytes(), b"# a real change\n")
+    diff.write_bytes(real + added(path))
+    line = apply(vllm033_tree, diff, tmp_path).assert_clean_error(2)
+    assert says in line, line
+    assert fingerprint(vllm033_tree) == before
+    assert not (vllm033_tree / path).exists()
+
+
+def test_a_link_beside_vllm_does_not_make_a_second_entry_for_one_file(vllm033_tree: Path, tmp_path: Path) -> None:
+    (vllm033_tree / "alias").symlink_to("vllm")
+    before = fingerprint(vllm033_tree)
+    old = (vllm033_tree / MATH).read_bytes()
+    diff = tmp_path / "two.diff"
+    diff.write_bytes(_append_diff(MATH, old, b"# one\n") + _append_diff("alias/utils/math_utils.py", old, b"# two\n"))
+    assert "alias/utils/math_utils.py: outside vllm's own folders" in apply(vllm033_tree, diff, tmp_path).assert_clean_error(2)
+    assert fingerprint(vllm033_tree) == before
+
+
+def test_two_entries_that_are_one_file_inside_vllm_never_read_applied(vllm033_tree: Path, tmp_path: Path) -> None:
+    (vllm033_tree / "vllm" / "again").symlink_to(".")
+    before = fingerprint(vllm033_tree)
+    old = (vllm033_tree / MATH).read_bytes()
+    diff = tmp_path / "two.diff"
+    diff.write_bytes(_append_diff(MATH, old, b"# one\n") + _append_diff("vllm/again/utils/math_utils.py", old, b"# two\n"))
+    res = apply(vllm033_tree, diff, tmp_path)
+    assert res.returncode != 0, res.stdout
+    line = res.assert_clean_error(res.returncode)
+    assert "math_utils.py" in line, line
+    assert (vllm033_tree / MATH).read_bytes() == old  # the pre-image, restored (or never written)
+    assert fingerprint(vllm033_tree) == before
+
+
+def test_a_control_character_in_a_path_is_refused_before_it_can_print(vllm033_tree: Path, tmp_path: Path) -> None:
+    before = fingerprint(vllm033_tree)
+    diff = tmp_path / "newline.diff"
+    diff.write_bytes(b'--- /dev/null\n+++ "b/vllm/x\\nverdict: OK.py"\n@@ -0,0 +1 @@\n+x = 1\n')
+    res = apply(vllm033_tree, diff, tmp_path)
+    assert "contains a control character" in res.assert_clean_error(2)
+    assert not any(line.startswith("verdict: OK") for line in (res.stdout + res.stderr).splitlines())
+    assert fingerprint(vllm033_tree) == before
+
+
+def test_allow_unknown_base_on_the_reviewed_pre_image_still_enforces_the_post_image(
+        vllm033_tree: Path, tmp_path: Path) -> None:
+    patch_set = _set(tmp_path)
+    toml = patch_set / "patch.toml"
+    text = toml.read_text()
+    post = hashlib.sha256((vllm033_tree / MATH).read_bytes()).hexdigest()  # the pre-image's hash: surely wrong
+    posts = re.findall(r'post_sha256 = "([0-9a-f]{64})"', text)
+    assert len(posts) == 1, text
+    toml.write_text(text.replace(posts[0], post))
+    before = fingerprint(vllm033_tree)
+    res = run("apply", "--root", str(vllm033_tree), "--patch", str(patch_set), "--python", PY, "--no-probe",
+              "--allow-unknown-base", "--report-dir", str(tmp_path / "reports"))
+    assert "not the reviewed post-image" in res.assert_clean_error(1)
+    assert fingerprint(vllm033_tree) == before

@@ -342,7 +342,30 @@ def _strip(raw: str, strip: int) -> str:
     kept = [p for p in parts[strip:] if p != "."]
     if not kept:
         raise MalformedPatch(f"{raw}: nothing left of the path after stripping {strip} component(s)")
-    return "/".join(kept)
+    path = "/".join(kept)
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in path):
+        # a newline or escape in a name would print as a second line (a forged verdict) in the output
+        raise UnsafePatch(f"path {path!r} contains a control character", hint="rename the file in the diff")
+    startup = _startup_file(kept)
+    if startup is not None:
+        raise UnsafePatch(f"{path}: {startup}, which the interpreter runs at every start; a patch set never changes one",
+                          hint="patch the distribution's own modules instead")
+    return path
+
+
+# Start-up files: a `.pth` line starting with `import` runs at every interpreter start, and so do
+# the `sitecustomize`/`usercustomize` modules (site.py); none is ever a distribution's module.
+_STARTUP_MODULES = frozenset({"sitecustomize", "usercustomize"})
+
+
+def _startup_file(parts: list[str]) -> str | None:
+    name = parts[-1]
+    if name.endswith(".pth"):
+        return "a .pth file"
+    for part in parts:
+        if part.split(".", 1)[0] in _STARTUP_MODULES:
+            return f"a {part.split('.', 1)[0]} module"
+    return None
 
 
 __all__ = [

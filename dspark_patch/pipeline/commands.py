@@ -40,6 +40,7 @@ from .steps import (
     check_integrity,
     check_known_images,
     check_post_images,
+    check_written,
     compile_files,
     file_reports,
     integrity_problems,
@@ -198,7 +199,10 @@ def _patch(request: ApplyRequest, target: Target, run: RunLog, *, image: _ImageF
         plan = plan_patch(diff, reader)
         run.update(files=file_reports(plan, variant))
         if not patchset.is_bare:
-            check_post_images(plan, variant, enforce=hash_checks or plan.status == "already-applied")
+            # Never dropped where the files are the reviewed pre-images (--allow-unknown-base
+            # included): the reviewed post-image is then exactly what must come out.
+            reviewed_pre = all(fp.pre_sha256 == variant.files[fp.path].pre_sha256 for fp in plan.files)
+            check_post_images(plan, variant, enforce=hash_checks or reviewed_pre or plan.status == "already-applied")
     check_base(run, target, dist, diff, patchset, variant, allow_unknown_base=request.allow_unknown_base)
 
     if plan.status == "already-applied":
@@ -223,6 +227,8 @@ def _patch(request: ApplyRequest, target: Target, run: RunLog, *, image: _ImageF
     with run.step("write"):
         target.write(plan)
     try:
+        with run.step("re-read"):
+            check_written(target, plan)
         if request.compile:
             with run.step("compile"):
                 compile_files(target, dist, plan, run)

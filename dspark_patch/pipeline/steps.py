@@ -13,12 +13,14 @@ from typing import Any
 from .. import references
 from ..errors import (
     BadInput,
+    CheckFailed,
     CompileFailed,
     DsparkPatchError,
     HashMismatch,
     InvalidPatchSet,
     ModifiedBase,
     ProbeFailed,
+    UnsafePatch,
     VerifyMismatch,
 )
 from ..inside import source as inside_source
@@ -85,6 +87,7 @@ def select_variant(patchset: PatchSet, dist: Distribution, strip: int | None, ru
         diff = parse_diff(variant.diff, strip=patchset.strip if strip is None else strip)
     except BadInput as exc:  # the engine parses bytes; name the file they came from
         raise type(exc)(f"{variant.diff_path}: {exc.message}", hint=exc.hint) from None
+    check_owned(diff, dist)
     if not patchset.is_bare:
         in_diff = {fp.path for fp in diff.files}
         if in_diff != set(variant.files):
@@ -94,6 +97,29 @@ def select_variant(patchset: PatchSet, dist: Distribution, strip: int | None, ru
                 hint="list every file of the diff under [variants.files]",
             )
     return variant, diff
+
+
+def owned_folders(dist: Distribution) -> frozenset[str]:
+    """The distribution's own top-level folders, by its RECORD: `vllm` for vLLM (not its
+    dist-info, its .data, its scripts, nor a top-level module file). Without a RECORD, its
+    import name."""
+    owned = {top for top in own_folders(e.path for e in dist.record)
+             if not top.endswith((".dist-info", ".data", ".egg-info"))}
+    return frozenset(owned) or frozenset({dist.name.replace("-", "_").lower()})
+
+
+def check_owned(diff: Diff, dist: Distribution) -> None:
+    """A diff may change only files inside the distribution's own top-level folders: not another
+    distribution's files, not its RECORD, not the site folder's top (start-up files and others
+    are refused by the diff parser already)."""
+    owned = owned_folders(dist)
+    for fp in diff.files:
+        top, _, rest = fp.path.partition("/")
+        if top not in owned or not rest:
+            raise UnsafePatch(
+                f"{fp.path}: outside {dist.name}'s own folders ({', '.join(sorted(owned))}/) by its RECORD",
+                hint=f"a patch set changes only files of {dist.name}; nothing was written",
+            )
 
 
 def check_known_images(diff: Diff, variant: Variant, dist: Distribution, reader: CachingReader) -> None:
@@ -123,6 +149,20 @@ def check_post_images(plan: PatchPlan, variant: Variant, *, enforce: bool) -> No
             raise HashMismatch(
                 f"{fp.path}: the result would have sha256 {fp.post_sha256 or 'none'}, not the reviewed post-image {expected}",
                 hint="the tree differs from the reviewed release; nothing was written",
+            )
+
+
+def check_written(target: Target, plan: PatchPlan) -> None:
+    """After the write, each file of the plan read back from the tree: it must hold the planned
+    post-image (gone, for a deletion). Two entries of a diff that are one file, or anything else
+    that wrote there meanwhile, fail the run here (the caller restores the pre-images)."""
+    for fp in plan.files:
+        found = sha256_of(target.read(fp.path))
+        if found != fp.post_sha256:
+            raise CheckFailed(
+                f"{fp.path}: after the write it holds {found or 'nothing'}, not the planned post-image "
+                f"{fp.post_sha256 or '(deleted)'}",
+                hint="two entries of the diff may be one file, or something else writes to the tree; the pre-images were restored",
             )
 
 

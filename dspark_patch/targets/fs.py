@@ -96,6 +96,14 @@ def _commit(root: Path, changes: list[_Change]) -> None:
     # Check everything before touching anything: a refusal here leaves the tree as it was.
     parents: dict[str, Path] = {}  # one transaction: each directory resolved once
     checked = [(change, *_check(root, change, parents)) for change in changes]
+    # Two entries that are one file (a link above one of them): both would be planned against one
+    # pre-image and written in turn, and the file would hold only the last.
+    first: dict[Path, str] = {}
+    for change, dest, _ in checked:
+        if dest in first:
+            raise UnsafePatch(f"{change.rel} and {first[dest]} are one file in the tree (a link above one of them)",
+                              hint="keep one entry for the file, under its real path; nothing was written")
+        first[dest] = change.rel
     done: list[_Step] = []
     for change, dest, mode in checked:
         try:
