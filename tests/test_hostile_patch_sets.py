@@ -192,3 +192,23 @@ def test_allow_unknown_base_on_the_reviewed_pre_image_still_enforces_the_post_im
               "--allow-unknown-base", "--report-dir", str(tmp_path / "reports"))
     assert "not the reviewed post-image" in res.assert_clean_error(1)
     assert fingerprint(vllm033_tree) == before
+
+
+def test_a_diff_of_more_files_than_a_patch_set_may_change_is_refused_before_any_write(
+        vllm033_tree: Path, tmp_path: Path) -> None:
+    before = fingerprint(vllm033_tree)
+    diff = tmp_path / "many.diff"
+    diff.write_bytes(b"".join(added(f"vllm/flood/m{i}.py") for i in range(201)))
+    assert "201 files and 201 hunks; a patch set may change at most 200 files" in \
+        apply(vllm033_tree, diff, tmp_path).assert_clean_error(2)
+    assert fingerprint(vllm033_tree) == before
+    assert not (vllm033_tree / "vllm" / "flood").exists()
+
+
+def test_a_diff_of_more_hunks_than_a_patch_set_may_hold_is_refused(vllm033_tree: Path, tmp_path: Path) -> None:
+    before = fingerprint(vllm033_tree)
+    diff = tmp_path / "hunks.diff"
+    hunks = b"".join(f"@@ -{n},1 +{n},1 @@\n-x{n}\n+y{n}\n".encode() for n in range(1, 5002))
+    diff.write_bytes(f"--- a/{MATH}\n+++ b/{MATH}\n".encode() + hunks)
+    assert "1 files and 5001 hunks" in apply(vllm033_tree, diff, tmp_path).assert_clean_error(2)
+    assert fingerprint(vllm033_tree) == before

@@ -18,6 +18,7 @@ from ..errors import (
     DsparkPatchError,
     HashMismatch,
     InvalidPatchSet,
+    MalformedPatch,
     ModifiedBase,
     ProbeFailed,
     UnsafePatch,
@@ -87,6 +88,7 @@ def select_variant(patchset: PatchSet, dist: Distribution, strip: int | None, ru
         diff = parse_diff(variant.diff, strip=patchset.strip if strip is None else strip)
     except BadInput as exc:  # the engine parses bytes; name the file they came from
         raise type(exc)(f"{variant.diff_path}: {exc.message}", hint=exc.hint) from None
+    check_bounds(diff, variant)
     check_owned(diff, dist)
     if not patchset.is_bare:
         in_diff = {fp.path for fp in diff.files}
@@ -97,6 +99,22 @@ def select_variant(patchset: PatchSet, dist: Distribution, strip: int | None, ru
                 hint="list every file of the diff under [variants.files]",
             )
     return variant, diff
+
+
+# What one patch set's diff may hold: a real patch set changes a few files with a few dozen
+# hunks; these bounds keep a hostile one from filling the tree or the planner's time.
+MAX_FILES = 200
+MAX_HUNKS = 5000
+
+
+def check_bounds(diff: Diff, variant: Variant) -> None:
+    hunks = sum(len(fp.hunks) for fp in diff.files)
+    if len(diff.files) > MAX_FILES or hunks > MAX_HUNKS:
+        raise MalformedPatch(
+            f"{variant.diff_path.name}: {len(diff.files)} files and {hunks} hunks; a patch set may change at most "
+            f"{MAX_FILES} files with {MAX_HUNKS} hunks",
+            hint="split the change into several patch sets, or check that this is the diff you meant",
+        )
 
 
 def owned_folders(dist: Distribution) -> frozenset[str]:
