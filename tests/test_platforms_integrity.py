@@ -37,7 +37,9 @@ def _flipped_image(client: docker.DockerClient, source: str, tag: str) -> None:
         with tarfile.open(fileobj=out, mode="w") as tar:
             tar.addfile(member, io.BytesIO(bytes(data)))
         assert container.put_archive(f"{SITE}/vllm", out.getvalue())
-        container.commit(repository=tag.rsplit(":", 1)[0], tag=tag.rsplit(":", 1)[1])
+        # the source's config kept (its entrypoint, not the placeholder this container was made with)
+        container.commit(repository=tag.rsplit(":", 1)[0], tag=tag.rsplit(":", 1)[1],
+                         conf=dict(client.images.get(source).attrs["Config"]))
     finally:
         container.remove(force=True)
 

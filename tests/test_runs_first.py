@@ -5,7 +5,8 @@ serve`) with one change a user or an attacker could make, all of which the image
 honours: a `vllm.py` in the USER's site folder or beside the `vllm` console script, `python -m`
 with a `vllm/` in the working dir, `PYTHONPATH` (relative and absolute) and `PYTHONHOME` in the
 Env, Debian's sitecustomize rewritten, an `apport_python_hook` it would import, the
-`_distutils_hack` that setuptools' `.pth` imports rewritten or shadowed. Before the rule,
+`_distutils_hack` that setuptools' `.pth` imports rewritten or shadowed, and an entrypoint the
+tool does not model (a shell with a command, a shell script), named as not verified. Before the rule,
 each read `absent` with exit 0 (nothing said what runs). Now both status routes exit non-zero
 naming it, `verify` fails naming it, and `apply` refuses with one line, exit 1, nothing tagged.
 """
@@ -49,6 +50,12 @@ CASES = {
                                  "_distutils_hack/__init__.py"),
     "distutils-hack-in-script-folder": (["RUN echo 'def add_shim(): pass' > /usr/local/bin/_distutils_hack.py"],
                                         "/usr/local/bin/_distutils_hack.py"),
+    # what the tool cannot model is named "not verified", never read as clean
+    "shell-entrypoint": (['ENTRYPOINT ["/bin/sh", "-c", "cd /tmp && exec vllm serve \\"$@\\"", "--"]'],
+                         "is not verified"),
+    "script-entrypoint": (["RUN printf '#!/bin/sh\\nexport PYTHONPATH=/opt/x\\nexec vllm serve\\n' > /start.sh "
+                           "&& chmod 755 /start.sh", 'ENTRYPOINT ["/start.sh"]'],
+                          "is not verified"),
     "usercustomize-in-user-site": (["RUN mkdir -p /home/vllm/.local/lib/python3.11/site-packages "
                                     "&& touch /home/vllm/.local/lib/python3.11/site-packages/usercustomize.py"],
                                    "/home/vllm/.local/lib/python3.11/site-packages/usercustomize.py"),

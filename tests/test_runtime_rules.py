@@ -71,11 +71,36 @@ def test_what_runs_first_is_named(config: dict[str, Any], files: dict[str, bytes
     (VLLM_SERVE, {"/usr/local/bin/vllm/x.txt": b""}),
     # the site folder itself on PYTHONPATH is the checked one
     ({**VLLM_SERVE, "Env": [f"PYTHONPATH={SITE}"]}, {f"{SITE}/vllm/__init__.py": b""}),
-    # no python entrypoint: nothing modelled here
-    ({"Entrypoint": ["/bin/sh", "-c", "vllm serve"]}, {"/usr/local/bin/vllm.py": b""}),
+    # a bare shell runs nothing (a deployment gives the command): nothing to name
+    ({"Cmd": ["/bin/bash"]}, {"/bin/bash": b"\x7fELF"}),
+    # trampolines are followed to the python they start
+    ({"Entrypoint": ["tini", "--", "python3", "-I", "-m", "vllm"]}, {"/usr/bin/tini": b"\x7fELF", "/w/vllm/__init__.py": b""}),
+    ({"Entrypoint": ["/usr/bin/env", "PYTHONNOUSERSITE=1", "vllm", "serve"]}, {"/usr/bin/env": b"\x7fELF",
+                                                                              f"{USER_SITE}/vllm.py": b""}),
 ])
 def test_what_cpython_would_not_put_first_is_not_named(config: dict[str, Any], files: dict[str, bytes | None]) -> None:
     assert _lines(config, files) == []
+
+
+@pytest.mark.parametrize("config, files, says", [
+    ({"Entrypoint": ["/bin/sh", "-c", "vllm serve"]}, {"/bin/sh": b"\x7fELF"}, "a shell with a command or script"),
+    ({"Entrypoint": ["/entrypoint.sh"]}, {"/entrypoint.sh": b"#!/bin/sh\nexec vllm serve\n"},
+     "a program that is not Python"),
+    ({"Entrypoint": ["tini", "-g", "vllm"]}, {"/usr/bin/tini": b"\x7fELF"}, "tini with options the tool does not model"),
+    ({"Entrypoint": ["env", "-i", "vllm"]}, {"/usr/bin/env": b"\x7fELF"}, "env with options the tool does not model"),
+    ({"Entrypoint": ["tini", "--", "/start"]}, {"/usr/bin/tini": b"\x7fELF", "/start": b"\x7fELF"}, "not Python"),
+    ({"Entrypoint": ["/missing/launcher"]}, {}, "does not find in the image"),
+])
+def test_what_the_tool_cannot_model_is_named_not_verified(config: dict[str, Any], files: dict[str, bytes | None],
+                                                         says: str) -> None:
+    lines = _lines(config, files)
+    assert len(lines) == 1 and says in lines[0] and lines[0].endswith("is not verified"), lines
+
+
+def test_env_assignments_in_the_entrypoint_count_as_the_image_env() -> None:
+    lines = _lines({"Entrypoint": ["env", "PYTHONPATH=/opt/s", "vllm", "serve"]},
+                   {"/usr/bin/env": b"\x7fELF", "/opt/s/vllm.py": b""})
+    assert len(lines) == 1 and lines[0].startswith("/opt/s/vllm.py"), lines
 
 
 def test_debian_sitecustomize_is_known_and_any_other_is_named() -> None:

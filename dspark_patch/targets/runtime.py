@@ -41,6 +41,44 @@ _OPTIONS_WITH_VALUE = frozenset("WXQ")
 _STARTUP = ("sitecustomize", "usercustomize", "_distutils_hack")
 
 
+# Programs that only exec their arguments (an init for PID 1, `env` with assignments): the tool
+# models what they start. Shells are modelled only bare (an interactive default that runs nothing).
+_TRAMPOLINES = frozenset({"tini", "tini-static", "dumb-init", "catatonit"})
+_SHELLS = frozenset({"sh", "bash", "dash", "ash", "zsh", "ksh", "busybox"})
+
+
+def unwrap(argv: list[str]) -> tuple[list[str], dict[str, str], str | None]:
+    """The command behind trampolines (`tini --`, `dumb-init`, `env NAME=VALUE`): (its argv, the
+    Env those assignments add, why it cannot be followed, or None)."""
+    assigned: dict[str, str] = {}
+    argv = list(argv)
+    while argv:
+        name = posixpath.basename(argv[0])
+        if name in _TRAMPOLINES:
+            rest = argv[1:]
+            if "--" in rest:
+                rest = rest[rest.index("--") + 1:]
+            elif rest and rest[0].startswith("-"):
+                return argv, assigned, f"{name} with options the tool does not model"
+            argv = rest
+        elif name == "env":
+            rest = argv[1:]
+            while rest and "=" in rest[0] and not rest[0].startswith("-"):
+                key, _, value = rest.pop(0).partition("=")
+                assigned[key] = value
+            if rest and rest[0].startswith("-"):
+                return argv, assigned, "env with options the tool does not model"
+            argv = rest
+        else:
+            break
+    return argv, assigned, None
+
+
+def _shown(argv: list[str]) -> str:
+    text = " ".join(argv)
+    return repr(text if len(text) <= 80 else text[:77] + "...")
+
+
 def _known_sitecustomize(data: bytes) -> bool:
     return data == _DEBIAN_SITECUSTOMIZE_TEXT
 
@@ -104,13 +142,19 @@ def runs_first(config: Mapping[str, Any], stat: interp.Stat, read_small: ReadSma
     """One line for each thing the image, started as configured, runs before or instead of the
     distribution read at `site` (module doc). Empty: nothing the config and the files show."""
     top = distribution.replace("-", "_").lower()
-    env = image_env(config)
     workdir = str(config.get("WorkingDir") or "/")
     lines: list[str] = []
     flags: set[str] = set()
     first: tuple[str, str] | None = None
-    argv = image_argv(config)
-    command = interp.resolve_command(argv[0], search_dirs(config), stat) if argv else None
+    argv, assigned, unmodelled = unwrap(image_argv(config))
+    env = {**image_env(config), **assigned}
+    command = interp.resolve_command(argv[0], search_dirs(config), stat) if argv and unmodelled is None else None
+    if unmodelled is not None:
+        lines.append(f"the image starts {_shown(image_argv(config))}: {unmodelled}; what it runs before or instead of "
+                     f"{site}/{top} is not verified")
+    elif argv and command is None:
+        lines.append(f"the image starts {_shown(argv)}, which the tool does not find in the image (along its PATH); "
+                     f"what it runs before or instead of {site}/{top} is not verified")
     if command is not None and interp.is_python_name(command):
         flags, mode, script = _flags(argv[1:])
         if mode is not None:
@@ -124,6 +168,14 @@ def runs_first(config: Mapping[str, Any], stat: interp.Stat, read_small: ReadSma
             words = head[2:].split(b"\n", 1)[0].decode("utf-8", "replace").split()
             flags, _, _ = _flags([w for w in words[1:] if w.startswith("-")])
             first = (posixpath.dirname(command), f"the folder of the entrypoint script {command}")
+        elif not (posixpath.basename(command) in _SHELLS and len(argv) == 1):
+            # A shell with a command, a shell script, any other program: what it starts, with
+            # which Env and working dir, is not in the config. (A bare shell runs nothing: a
+            # deployment gives its command at run time.)
+            what = "a shell with a command or script" if posixpath.basename(command) in _SHELLS else \
+                "a program that is not Python (a shell script, a launcher)"
+            lines.append(f"the image starts {_shown(argv)} ({command}): {what} the tool does not model; what it runs "
+                         f"before or instead of {site}/{top} is not verified")
     isolated = "I" in flags
     ignore_env = isolated or "E" in flags
     safe = isolated or "P" in flags or (not ignore_env and bool(env.get("PYTHONSAFEPATH")))
