@@ -217,3 +217,28 @@ def _tiny_layer(path: str, data: bytes) -> bytes:
         member.size, member.mode = len(data), 0o644
         tar.addfile(member, io.BytesIO(data))
     return buffer.getvalue()
+
+
+def test_gc_removes_a_killed_runs_tag_lock_and_keeps_a_live_one(client):
+    from dspark_patch.targets.docker import gc_containers
+
+    engine = DockerEngine(client)
+    image = engine.image_info(no_vllm_image()).id
+    dead_tag, live_tag = (f"dspark-patch/test-gc-lock:{uuid.uuid4().hex[:10]}" for _ in range(2))
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    parts = container_name("tag-lock").split("--")
+    parts[3] = str(ended.pid)
+    client.api.create_container(image, name=lock_name(dead_tag), entrypoint=["/x"], labels={OWNER_LABEL: "--".join(parts)})
+    client.api.create_container(image, name=lock_name(live_tag), entrypoint=["/x"],
+                                labels={OWNER_LABEL: container_name("tag-lock")})
+    try:
+        removed = gc_containers(engine)
+        assert lock_name(dead_tag) in removed and lock_name(live_tag) not in removed
+        assert lock_name(dead_tag) not in our_containers(client) and lock_name(live_tag) in our_containers(client)
+    finally:
+        for tag in (dead_tag, live_tag):
+            try:
+                client.api.remove_container(lock_name(tag), force=True)
+            except docker.errors.NotFound:
+                pass

@@ -98,6 +98,17 @@ def held(engine: DockerEngine, image_id: str, tag: str, *, wait: bool) -> Iterat
             pass
 
 
+def remove_stale_locks(engine: DockerEngine) -> list[str]:
+    """What `dspark-patch gc` adds: the tag locks killed runs left (their owner on this host is
+    gone, or they are older than any tag step); their names."""
+    removed = []
+    for entry in engine.client.api.containers(all=True, filters={"name": LOCK_PREFIX}):
+        for name in (n.lstrip("/") for n in entry.get("Names") or ()):
+            if name.startswith(LOCK_PREFIX) and _take_over_stale(engine, name):
+                removed.append(name)
+    return removed
+
+
 def _take_over_stale(engine: DockerEngine, name: str) -> bool:
     """Remove the lock `name` if a killed run left it; True when it is gone (removed, or released
     meanwhile), False while its owner may still hold it."""
