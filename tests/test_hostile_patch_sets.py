@@ -212,3 +212,29 @@ def test_a_diff_of_more_hunks_than_a_patch_set_may_hold_is_refused(vllm033_tree:
     diff.write_bytes(f"--- a/{MATH}\n+++ b/{MATH}\n".encode() + hunks)
     assert "1 files and 5001 hunks" in apply(vllm033_tree, diff, tmp_path).assert_clean_error(2)
     assert fingerprint(vllm033_tree) == before
+
+
+def test_a_hunk_that_still_fits_after_it_was_applied_reads_applied_on_the_reviewed_post_image(
+        vllm033_tree: Path, tmp_path: Path) -> None:
+    old = (vllm033_tree / MATH).read_bytes()
+    lines = old.splitlines(keepends=True)
+    assert lines[8] == b"RCP_LN2 = 1.4426950216\n" and lines[11].startswith(b"def cdiv")
+    # Lines 7-9 (two comments and RCP_LN2) written twice: once applied, the hunk's source (those
+    # lines, then the two blank lines and `def cdiv`) is still there, three lines further down.
+    copy = lines[6:9]
+    diff = (f"--- a/{MATH}\n+++ b/{MATH}\n@@ -7,6 +7,9 @@\n".encode() + b"".join(b" " + x for x in copy)
+            + b"".join(b"+" + x for x in copy) + b"".join(b" " + x for x in lines[9:12]))
+    patch_set = _set(tmp_path)
+    (patch_set / "vllm-0.33.0.patch").write_bytes(diff)
+    post = b"".join(lines[:9] + copy + lines[9:])
+    toml = patch_set / "patch.toml"
+    text = re.sub(r'post_sha256 = "[0-9a-f]{64}"', f'post_sha256 = "{hashlib.sha256(post).hexdigest()}"', toml.read_text())
+    toml.write_text(text)
+    first = apply(vllm033_tree, patch_set, tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert (vllm033_tree / MATH).read_bytes() == post
+    again = run("apply", "--root", str(vllm033_tree), "--patch", str(patch_set), "--python", PY, "--no-probe",
+                "--report-dir", str(tmp_path / "again"), "--json")
+    assert again.returncode == 0, again.stderr
+    assert again.json["status"] == "already-applied"
+    assert (vllm033_tree / MATH).read_bytes() == post   # not applied a second time

@@ -51,13 +51,17 @@ class _FileOutcome:
     plan: FilePlan
 
 
-def plan_patch(diff: Diff, read: Callable[[str], bytes | None]) -> PatchPlan:
+def plan_patch(diff: Diff, read: Callable[[str], bytes | None], *, applied_first: bool = False) -> PatchPlan:
     """Plan the whole diff against the files `read(path)` returns (None: the file does not exist).
+
+    `applied_first`: the caller knows the files are the reviewed post-images, so a changed file
+    is matched in reverse first (a hunk whose context still fits after it was applied would
+    otherwise apply a second time).
 
     Raises HunkDoesNotApply for the first hunk that fits neither forward nor in reverse, and
     PartlyApplied when some hunks are applied and others not.
     """
-    outcomes = [_plan_file(file, read(file.path)) for file in diff.files]
+    outcomes = [_plan_file(file, read(file.path), applied_first) for file in diff.files]
     directions = {o.direction for o in outcomes}
     if directions == {"forward", "reverse"}:
         applied = [f"{o.plan.path} {_numbers(f.hunks)}" for o, f in zip(outcomes, diff.files, strict=True) if o.direction == "reverse"]
@@ -67,23 +71,30 @@ def plan_patch(diff: Diff, read: Callable[[str], bytes | None]) -> PatchPlan:
     return PatchPlan(status=status, diff_sha256=diff.sha256, files=tuple(o.plan for o in outcomes))
 
 
-def _plan_file(file: FilePatch, current: bytes | None) -> _FileOutcome:
+def _plan_file(file: FilePatch, current: bytes | None, applied_first: bool) -> _FileOutcome:
     match file.action:
         case "add":
             return _plan_add(file, current)
         case "delete":
             return _plan_delete(file, current)
         case "modify":
-            return _plan_modify(file, current)
+            return _plan_modify(file, current, applied_first)
 
 
-def _plan_modify(file: FilePatch, current: bytes | None) -> _FileOutcome:
+def _plan_modify(file: FilePatch, current: bytes | None, applied_first: bool = False) -> _FileOutcome:
     if current is None:
         raise HunkDoesNotApply(
             f"{file.path}: the patch changes this file but it does not exist in the tree",
             hint="check the target and --strip; the file differs from the release this patch was made for",
         )
     lines = split_lines(current)
+    if applied_first:
+        try:
+            placements = place_hunks(lines, file.hunks, reverse=True, path=file.path)
+        except HunkDoesNotApply:
+            pass
+        else:
+            return _FileOutcome(direction="reverse", plan=_file_plan(file, current, current, placements))
     try:
         placements = place_hunks(lines, file.hunks, path=file.path)
     except HunkDoesNotApply as forward_error:

@@ -196,7 +196,11 @@ def _patch(request: ApplyRequest, target: Target, run: RunLog, *, image: _ImageF
     with run.step("plan"):
         if hash_checks:  # before placing hunks: "not the reviewed file" is the clearer message
             check_known_images(diff, variant, dist, reader)
-        plan = plan_patch(diff, reader)
+        # Files that are exactly the reviewed post-images are applied, even where a hunk's
+        # context would still fit after it was applied.
+        reviewed_post = not patchset.is_bare and all(
+            sha256_of(reader(fp.path)) == variant.files[fp.path].post_sha256 for fp in diff.files)
+        plan = plan_patch(diff, reader, applied_first=reviewed_post)
         run.update(files=file_reports(plan, variant))
         if not patchset.is_bare:
             # Never dropped where the files are the reviewed pre-images (--allow-unknown-base
