@@ -16,6 +16,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -24,9 +25,11 @@ import pytest
 
 from dspark_patch.patchset import resolve
 from dspark_patch.report.audit_json import load_schema
+from dspark_patch.targets.local import LocalTree
 from tests.support.cli import SCRIPT, Result, run
 from tests.support.killpoints import fake_python, probes_started, run_killed_at
-from tests.support.vllm import replace_file
+from tests.support.trees import BASE, edit, make_tree, snapshot, udiff
+from tests.support.vllm import replace_file, tree_copy
 
 VARIANT = resolve("dspark-skip-mtp-buffer").variant_for("0.33.0")
 PRE = {p: h.pre_sha256 for p, h in VARIANT.files.items()}
@@ -34,6 +37,7 @@ POST = {p: h.post_sha256 for p, h in VARIANT.files.items()}
 JOURNAL = ".dspark-patch-journal.json"
 RECORD = ".dspark-patch-probed.json"
 ENVS = "vllm/envs.py"
+NEW = edit(BASE, {20: b"changed\n"})
 
 
 class Held:
@@ -58,6 +62,24 @@ class Held:
 @pytest.fixture
 def held(tmp_path: Path) -> Held:
     return Held(tmp_path / "held")
+
+
+@pytest.fixture(scope="module")
+def half_patched(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real tree whose apply was killed between its two renames, made once: take copies."""
+    where = tmp_path_factory.mktemp("half-patched")
+    tree = tree_copy("0.33.0", where / "site-packages")
+    kill_at(("os.rename", "/vllm/", 2), tree, Held(where / "held"), where / "killed")
+    return tree
+
+
+@pytest.fixture
+def half_patched_tree(half_patched: Path, tmp_path: Path) -> Path:
+    """A hard-link copy of `half_patched` for this test (change files only by replacing them)."""
+    where = tmp_path / "half" / "site-packages"
+    where.parent.mkdir(parents=True)
+    subprocess.run(["cp", "-al", str(half_patched), str(where)], check=True)
+    return where
 
 
 def hashes(tree: Path) -> dict[str, str | None]:
@@ -136,11 +158,11 @@ def test_a_kill_while_writing_is_rolled_back_by_the_next_run(point: tuple[str, s
         assert "interrupted before it had replaced any file; removed 1 temporary file" in said
 
 
-def test_a_half_patched_tree_is_named_by_verify_and_refused_by_a_dry_run(vllm033_tree: Path, held: Held,
+def test_a_half_patched_tree_is_named_by_verify_and_refused_by_a_dry_run(half_patched_tree: Path, held: Held,
                                                                         tmp_path: Path) -> None:
-    tree = vllm033_tree
-    kill_at(("os.rename", "/vllm/", 2), tree, held, tmp_path / "killed")
+    tree = half_patched_tree
     before = hashes(tree)
+    assert before[ENVS] == POST[ENVS] and before != POST
 
     res = run("verify", "--root", str(tree), "--python", str(held.python), "--no-probe",
               "--report-dir", str(tmp_path / "verify"))
@@ -272,9 +294,6 @@ def _identity(path: Path) -> tuple[int, int, int]:
     return st.st_ino, st.st_size, st.st_mtime_ns
 
 
-def _journal_of_a_kill(tree: Path, held: Held, tmp_path: Path) -> dict:
-    kill_at(("os.rename", "/vllm/", 2), tree, held, tmp_path / "killed")
-    return json.loads((tree / JOURNAL).read_text())
 
 
 def _planted(tree: Path, doc: dict | bytes) -> None:
@@ -318,10 +337,10 @@ def _edited_since(tree: Path, doc: dict) -> None:
     (_edited_since, 1, "changed since by someone else"),
 ], ids=["malformed", "a-link", "a-path-out-of-the-tree", "a-forged-pre-image", "hashes-of-nothing", "edited-since"])
 def test_a_journal_that_cannot_be_trusted_is_refused_and_nothing_is_touched(spoil, code: int, words: str,
-                                                                            vllm033_tree: Path, held: Held,
+                                                                            half_patched_tree: Path, held: Held,
                                                                             tmp_path: Path) -> None:
-    tree = vllm033_tree
-    spoil(tree, _journal_of_a_kill(tree, held, tmp_path))
+    tree = half_patched_tree
+    spoil(tree, json.loads((tree / JOURNAL).read_text()))
     before = hashes(tree), leftovers(tree), _identity(tree / JOURNAL)
     held.verdict("pass")
     res, audit = apply(tree, held, tmp_path / "again")
@@ -330,3 +349,41 @@ def test_a_journal_that_cannot_be_trusted_is_refused_and_nothing_is_touched(spoi
     assert audit["errors"][0]["kind"] == ("bad-journal" if code == 2 else "unfinished-apply")
     assert (hashes(tree), leftovers(tree), _identity(tree / JOURNAL)) == before
     assert held.probes == 0
+
+
+# --- added and deleted files, made folders, modes (a small tree, the same kill) --------------------
+
+_WRITER = """
+import sys
+from pathlib import Path
+sys.path[:0] = [{repo!r}]
+from tests.support.killpoints import _arm
+from dspark_patch.patching import parse_diff, plan_patch
+from dspark_patch.targets import fs
+from dspark_patch.targets.local import LocalTree
+root = Path({root!r})
+plan = plan_patch(parse_diff(Path({diff!r}).read_bytes()), lambda rel: fs.read_inside(root, rel))
+_arm("os.rename", "/pkg/", {n})
+LocalTree(root).write_journaled(plan, [])
+"""
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 99], ids=["first", "second", "third", "never"])
+def test_a_killed_write_with_added_and_deleted_files_rolls_back_to_the_tree_as_it_was(n: int, tmp_path: Path) -> None:
+    root = make_tree(tmp_path / "site", {"pkg/a.py": BASE, "pkg/gone.py": BASE, "pkg/b.py": BASE},
+                     modes={"pkg/a.py": 0o750})
+    added = b"--- /dev/null\n+++ b/pkg/new/dir/added.py\n@@ -0,0 +1 @@\n+x = 1\n"
+    deleted = udiff(BASE, b"", "pkg/gone.py").replace(b"+++ b/pkg/gone.py", b"+++ /dev/null")
+    (tmp_path / "p.diff").write_bytes(added + udiff(BASE, NEW, "pkg/a.py") + deleted + udiff(BASE, NEW, "pkg/b.py"))
+    before = {k: v[:2] for k, v in snapshot(root).items()}
+    source = _WRITER.format(repo=str(Path(__file__).resolve().parents[1]), root=str(root), diff=str(tmp_path / "p.diff"), n=n)
+    done = subprocess.run([sys.executable, "-c", source], capture_output=True, text=True)
+    # renames: the added file (1), a.py (2), b.py (3); the delete is an unlink. Never killed: the
+    # journal stays, as after a kill once every file is written.
+    assert done.returncode == (0 if n == 99 else -signal.SIGKILL), done.stderr
+    assert (root / JOURNAL).exists()
+
+    recovery = LocalTree(root).recover("0" * 64, frozenset({"another/diff.py"}))  # another patch's run
+    assert recovery is not None and recovery.outcome == "rolled-back"
+    assert {k: v[:2] for k, v in snapshot(root).items()} == before  # bytes and modes, the deleted file back
+    assert not (root / "pkg/new").exists() and leftovers(root) == []

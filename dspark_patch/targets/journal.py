@@ -157,6 +157,9 @@ def _decode(root: Path, doc: Any) -> Journal:
     if not entries or len({e.path for e in entries}) != len(entries):
         raise TypeError("it names no file, or a file twice")
     made = tuple(_path(root, p) for p in _list(doc["made"]))
+    added = [e.path for e in entries if e.pre is None and not e.bytecode]
+    if not all(any(a.startswith(folder + "/") for a in added) for folder in made):
+        raise TypeError("it names a folder the write made that holds no file it added")
     pids = tuple(doc["pids"])
     if not all(type(p) is int and p > 0 for p in pids):
         raise TypeError("pids are not process ids")
