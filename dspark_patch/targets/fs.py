@@ -81,15 +81,17 @@ def check_plan(root: Path, plan: PatchPlan) -> tuple[Planned, ...]:
         return ()
     base = _root(root)
     parents: dict[str, Path] = {}
-    out = []
+    out, dests = [], []
     for f in plan.files:
         dest, mode = _check(root, _Change(rel=f.path, before=f.pre, after=f.post), parents)
+        dests.append((f.path, dest))
         made = []
         parent = dest.parent
         while f.pre is None and not os.path.lexists(parent):
             made.append(os.path.relpath(parent, base))
             parent = parent.parent
         out.append(Planned(rel=f.path, mode=mode, made=tuple(reversed(made))))
+    _refuse_one_file_twice(dests)
     return tuple(out)
 
 
@@ -128,14 +130,7 @@ def _commit(root: Path, changes: list[_Change]) -> None:
     # Check everything before touching anything: a refusal here leaves the tree as it was.
     parents: dict[str, Path] = {}  # one transaction: each directory resolved once
     checked = [(change, *_check(root, change, parents)) for change in changes]
-    # Two entries that are one file (a link above one of them): both would be planned against one
-    # pre-image and written in turn, and the file would hold only the last.
-    first: dict[Path, str] = {}
-    for change, dest, _ in checked:
-        if dest in first:
-            raise UnsafePatch(f"{change.rel} and {first[dest]} are one file in the tree (a link above one of them)",
-                              hint="keep one entry for the file, under its real path; nothing was written")
-        first[dest] = change.rel
+    _refuse_one_file_twice([(change.rel, dest) for change, dest, _ in checked])
     done: list[_Step] = []
     for change, dest, mode in checked:
         try:
@@ -152,6 +147,17 @@ def _commit(root: Path, changes: list[_Change]) -> None:
                 f"could not write {change.rel}: {exc.strerror or exc}; every file written before it was restored",
                 hint="check free space and permissions in the target, then apply again",
             ) from exc
+
+
+def _refuse_one_file_twice(dests: list[tuple[str, Path]]) -> None:
+    # Two entries that are one file (a link above one of them): both would be planned against one
+    # pre-image and written in turn, and the file would hold only the last.
+    first: dict[Path, str] = {}
+    for rel, dest in dests:
+        if dest in first:
+            raise UnsafePatch(f"{rel} and {first[dest]} are one file in the tree (a link above one of them)",
+                              hint="keep one entry for the file, under its real path; nothing was written")
+        first[dest] = rel
 
 
 def _check(root: Path, change: _Change, parents: dict[str, Path]) -> tuple[Path, int]:
