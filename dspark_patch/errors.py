@@ -50,6 +50,13 @@ class HashMismatch(CheckFailed):
     kind = "hash-mismatch"
 
 
+class UnfinishedApply(CheckFailed):
+    """`apply --root`: an earlier apply of the tree was killed, and its journal cannot be finished
+    or undone safely (a file it names changed since), or a dry run found it."""
+
+    kind = "unfinished-apply"
+
+
 class VerifyMismatch(CheckFailed):
     kind = "verify-mismatch"
 
@@ -153,6 +160,13 @@ class InvalidPatchSet(BadInput):
 
 class UnsupportedRelease(BadInput):
     kind = "unsupported-release"
+
+
+class BadJournal(BadInput):
+    """`apply --root`: the journal an interrupted apply left is not one this tool can trust
+    (malformed, a link, a path out of the tree, a pre-image that is not its own hash)."""
+
+    kind = "bad-journal"
 
 
 class TargetNotFound(BadInput):

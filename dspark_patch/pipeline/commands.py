@@ -17,7 +17,8 @@ from ..patching.plan import plan_patch
 from ..patchset import PatchSet, Variant, resolve
 from ..report.model import AuditReport, FileReport, ImageRecord
 from ..targets import seal
-from ..targets.base import Distribution, ImageCapable, PullCallback, Target
+from ..targets.base import Distribution, ImageCapable, Journaled, PullCallback, Target
+from . import local_steps
 from .image_steps import (
     LayerCheck,
     check_labels,
@@ -29,6 +30,7 @@ from .image_steps import (
     take_layer,
     unimported_copies,
 )
+from .local_steps import LocalFlow
 from .requests import ApplyRequest, ImageSpec, LocalSpec, ProbeRequest, TargetSpec, VerifyRequest
 from .runlog import ResultCallback, RunLog, StepCallback, target_report, with_distribution
 from .steps import (
@@ -174,9 +176,12 @@ def _apply(request: ApplyRequest, target: Target, run: RunLog, on_result: Result
         refuse_unimported(image.target, dist, run)
         refuse_runs_first(image.target, dist, run)
     layers = LayerCheck(image.target, patchset.distribution) if image is not None else None
+    # A local tree: first finish or undo what an interrupted apply left (its journal).
+    local = local_steps.recover(run, target, diff, dry_run=request.dry_run) \
+        if isinstance(request.target, LocalSpec) and isinstance(target, Journaled) else None
     try:
         return _patch(request, target, run, image=image, early=early, patchset=patchset, dist=dist, variant=variant,
-                      diff=diff, layers=layers, on_result=on_result)
+                      diff=diff, layers=layers, on_result=on_result, local=local)
     finally:
         if layers is not None:
             layers.cancel()  # a refusal or failure: no save of the image outlives the run
@@ -184,7 +189,7 @@ def _apply(request: ApplyRequest, target: Target, run: RunLog, on_result: Result
 
 def _patch(request: ApplyRequest, target: Target, run: RunLog, *, image: _ImageFlow | None, early: EarlyStart,
            patchset: PatchSet, dist: Distribution, variant: Variant, diff: Diff, layers: LayerCheck | None,
-           on_result: ResultCallback | None) -> AuditReport:
+           on_result: ResultCallback | None, local: LocalFlow | None) -> AuditReport:
     """apply's plan, base check, write, compile, layer, probe and commit (`_apply` checked the rest)."""
     reader = CachingReader(target)
     hash_checks = not patchset.is_bare and not request.allow_unknown_base
@@ -209,6 +214,9 @@ def _patch(request: ApplyRequest, target: Target, run: RunLog, *, image: _ImageF
             check_post_images(plan, variant, enforce=hash_checks or reviewed_pre or plan.status == "already-applied")
     check_base(run, target, dist, diff, patchset, variant, allow_unknown_base=request.allow_unknown_base)
 
+    if plan.status == "already-applied" and local is not None:
+        return local_steps.already_applied(request, target, run, local, early=early, patchset=patchset, dist=dist,
+                                           plan=plan, hash_checks=hash_checks, on_result=on_result)
     if plan.status == "already-applied":
         early.cancel()
         run.notes.append("every hunk is already in place; nothing was written")
@@ -229,7 +237,10 @@ def _patch(request: ApplyRequest, target: Target, run: RunLog, *, image: _ImageF
     probe = patchset.probe if request.probe else None
     pyc_before = {pyc: reader(pyc) for pyc in bytecode_paths(plan, dist)}
     with run.step("write"):
-        target.write(plan)
+        if local is not None:  # the journal first: what a later run needs if this one is killed
+            local.target.write_journaled(plan, list(pyc_before))
+        else:
+            target.write(plan)
     try:
         with run.step("re-read"):
             check_written(target, plan)
@@ -246,14 +257,20 @@ def _patch(request: ApplyRequest, target: Target, run: RunLog, *, image: _ImageF
         else:
             run.skipped("probe", "--no-probe" if not request.probe else "this patch set has no probe")
         if image is None or layers is None:
+            if local is not None:  # the report set first, then the run is whole (inside: a failure rolls back)
+                local_steps.settle(run, local, local_steps.probe_record(patchset, dist, plan, hash_checks=hash_checks),
+                                   "applied", on_result)
             return run.report("applied")
         layers.join(run)
         commit_image(image.spec, image.target, plan, patchset, variant, run, dist=dist, on_result=on_result)
         layers.keep_new_layer()
     except BaseException:
         with run.step("restore"):
-            target.restore(bytecode_restore_plan(target, pyc_before, plan))
-            target.restore(plan)
+            if local is not None:
+                local.target.roll_back()
+            else:
+                target.restore(bytecode_restore_plan(target, pyc_before, plan))
+                target.restore(plan)
         raise
     return run.report("applied")
 
@@ -313,6 +330,11 @@ def _verify(request: VerifyRequest, target: Target, run: RunLog) -> AuditReport:
             problems.append(exc.message)
     else:
         run.skipped("probe", "--no-probe" if not request.probe else "this patch set has no probe")
+
+    pending = target.pending() if isinstance(target, Journaled) else None
+    if pending is not None:  # first: whatever else holds, the tree is in the middle of an apply
+        problems.insert(0, f"an apply of this tree was interrupted and is not finished (its journal {pending} is "
+                           "there; apply finishes or undoes it)")
 
     if problems:
         more = f" (and {len(problems) - 3} more; see the report)" if len(problems) > 3 else ""

@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from ..patching.plan import PatchPlan
     from .layers import LayerView
     from .layers.cache import ScanCache
+    from .probe_record import ProbeRecord
+    from .recovery import Recovery
     from .sitefiles import SiteFiles
 
 TargetKind = Literal["local", "image"]
@@ -238,6 +240,39 @@ class ImageCapable(Target, Protocol):
 
     def push(self, tag: str) -> str:
         """Push `tag` to its registry; the pushed manifest digest."""
+        ...
+
+
+@runtime_checkable
+class Journaled(Protocol):
+    """A target whose apply a later run finishes or undoes when the tool was killed half-way (a
+    local tree: targets/journal.py, recovery.py, probe_record.py). The pipeline checks for it once."""
+
+    def pending(self) -> str | None:
+        """Where the journal of an unfinished apply is, when there is one (not read)."""
+        ...
+
+    def recover(self, diff_sha256: str, paths: frozenset[str]) -> Recovery | None:
+        """Finish what an interrupted apply's journal says, before this run plans: keep its
+        post-images when they are all in place for this very diff (the journal stays: compile and
+        probe them), else roll back. None when there is no journal."""
+        ...
+
+    def write_journaled(self, plan: PatchPlan, bytecode: Sequence[str]) -> None:
+        """`write`, with the journal written first: the pre-images of the plan and of `bytecode`
+        (paths relative to `location`, which the compile step will replace)."""
+        ...
+
+    def roll_back(self) -> Recovery:
+        """Put back every pre-image the journal holds, and remove it (a failed compile or probe)."""
+        ...
+
+    def probed(self, record: ProbeRecord) -> bool:
+        """Whether a passing probe of exactly `record` (post-images, probe, interpreter) is kept."""
+        ...
+
+    def settle(self, record: ProbeRecord | None) -> None:
+        """The run is whole (its report kept): keep `record` (a passing probe), remove the journal."""
         ...
 
 

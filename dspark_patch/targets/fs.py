@@ -4,14 +4,19 @@ Every file is written through a temporary file in its own directory and `os.repl
 place, so a reader sees either the old or the new file, never half of one; and because the
 name is replaced rather than the file rewritten, a hard-linked tree never changes the other
 links' content. If any write fails, every file already written is put back (and directories
-we created are removed) before the error is raised: nothing half-patched remains.
+we created are removed) before the error is raised: nothing half-patched remains while the
+process lives. A process killed between two renames cannot do that; targets/journal.py records
+beforehand what a later run needs to (the temporary names below, `.NAME.PID.N.dspark-tmp`, are
+how it knows which leftovers are ours).
 """
 
 from __future__ import annotations
 
 import itertools
 import os
+import re
 import stat
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +25,7 @@ from dspark_patch.patching.plan import PatchPlan
 
 _NEW_FILE_MODE = 0o644
 _NEW_DIR_MODE = 0o755
-_TMP_SUFFIX = ".dspark-tmp"
+TMP_SUFFIX = ".dspark-tmp"
 _tmp_numbers = itertools.count()
 
 
@@ -61,6 +66,35 @@ def read_inside(root: Path, rel: str) -> bytes | None:
                           hint="the diff names a file the tree cannot hold") from None
 
 
+@dataclass(frozen=True, kw_only=True)
+class Planned:
+    """One file `write_plan` would write, as checked before anything is written."""
+
+    rel: str
+    mode: int                 # the mode it keeps (or gets, when added)
+    made: tuple[str, ...]     # folders (relative to the tree) the write makes for it, outermost first
+
+
+def check_plan(root: Path, plan: PatchPlan) -> tuple[Planned, ...]:
+    """What `write_plan` checks before it writes (raising what it raises), nothing written."""
+    if plan.status == "already-applied":
+        return ()
+    base = _root(root)
+    parents: dict[str, Path] = {}
+    out, dests = [], []
+    for f in plan.files:
+        dest, mode = _check(root, _Change(rel=f.path, before=f.pre, after=f.post), parents)
+        dests.append((f.path, dest))
+        made = []
+        parent = dest.parent
+        while f.pre is None and not os.path.lexists(parent):
+            made.append(os.path.relpath(parent, base))
+            parent = parent.parent
+        out.append(Planned(rel=f.path, mode=mode, made=tuple(reversed(made))))
+    _refuse_one_file_twice(dests)
+    return tuple(out)
+
+
 def write_plan(root: Path, plan: PatchPlan) -> None:
     """Write every post-image of the plan, all or nothing; an already-applied plan writes nothing."""
     if plan.status == "already-applied":
@@ -96,14 +130,7 @@ def _commit(root: Path, changes: list[_Change]) -> None:
     # Check everything before touching anything: a refusal here leaves the tree as it was.
     parents: dict[str, Path] = {}  # one transaction: each directory resolved once
     checked = [(change, *_check(root, change, parents)) for change in changes]
-    # Two entries that are one file (a link above one of them): both would be planned against one
-    # pre-image and written in turn, and the file would hold only the last.
-    first: dict[Path, str] = {}
-    for change, dest, _ in checked:
-        if dest in first:
-            raise UnsafePatch(f"{change.rel} and {first[dest]} are one file in the tree (a link above one of them)",
-                              hint="keep one entry for the file, under its real path; nothing was written")
-        first[dest] = change.rel
+    _refuse_one_file_twice([(change.rel, dest) for change, dest, _ in checked])
     done: list[_Step] = []
     for change, dest, mode in checked:
         try:
@@ -120,6 +147,17 @@ def _commit(root: Path, changes: list[_Change]) -> None:
                 f"could not write {change.rel}: {exc.strerror or exc}; every file written before it was restored",
                 hint="check free space and permissions in the target, then apply again",
             ) from exc
+
+
+def _refuse_one_file_twice(dests: list[tuple[str, Path]]) -> None:
+    # Two entries that are one file (a link above one of them): both would be planned against one
+    # pre-image and written in turn, and the file would hold only the last.
+    first: dict[Path, str] = {}
+    for rel, dest in dests:
+        if dest in first:
+            raise UnsafePatch(f"{rel} and {first[dest]} are one file in the tree (a link above one of them)",
+                              hint="keep one entry for the file, under its real path; nothing was written")
+        first[dest] = rel
 
 
 def _check(root: Path, change: _Change, parents: dict[str, Path]) -> tuple[Path, int]:
@@ -161,12 +199,12 @@ def _do(change: _Change, dest: Path, mode: int) -> _Step:
             for directory in reversed(missing):
                 os.mkdir(directory, _NEW_DIR_MODE)
                 created.append(directory)
-            _put(dest, change.after, mode)
+            put(dest, change.after, mode)
         except OSError:
             _remove_dirs(created)
             raise
     else:
-        _put(dest, change.after, mode)
+        put(dest, change.after, mode)
     return _Step(dest=dest, previous=change.before, mode=mode, created_dirs=tuple(created))
 
 
@@ -179,7 +217,7 @@ def _undo(done: list[_Step]) -> list[str]:
                 os.unlink(step.dest)
                 _remove_dirs(list(step.created_dirs))
             else:
-                _put(step.dest, step.previous, step.mode)
+                put(step.dest, step.previous, step.mode)
         except OSError:
             failed.append(str(step.dest))
     return failed
@@ -193,10 +231,21 @@ def _remove_dirs(created: list[Path]) -> None:
             pass  # not empty: something else put a file there meanwhile; leave it
 
 
-def _put(dest: Path, data: bytes, mode: int) -> None:
+def temp_files(folder: Path, name: str, pids: Iterable[int]) -> list[Path]:
+    """The temporary files `put` of a process in `pids` may have left for the file `name` in `folder`."""
+    wanted = re.compile(rf"\.{re.escape(name)}\.({'|'.join(str(p) for p in pids) or '-'})\.[0-9]+{re.escape(TMP_SUFFIX)}")
+    try:
+        names = os.listdir(folder)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return [folder / n for n in sorted(names) if wanted.fullmatch(n)]
+
+
+def put(dest: Path, data: bytes, mode: int) -> None:
+    """Replace `dest` with `data` (mode `mode`) through a temporary file of ours beside it."""
     # Same directory as the destination, so os.replace is an atomic rename on one filesystem.
     # O_EXCL|O_NOFOLLOW: never write into something that appeared under our temporary name.
-    tmp = f"{dest.parent}/.{dest.name}.{os.getpid()}.{next(_tmp_numbers)}{_TMP_SUFFIX}"
+    tmp = f"{dest.parent}/.{dest.name}.{os.getpid()}.{next(_tmp_numbers)}{TMP_SUFFIX}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         try:
@@ -213,6 +262,11 @@ def _put(dest: Path, data: bytes, mode: int) -> None:
         except FileNotFoundError:
             pass
         raise
+
+
+def write_path(root: Path, rel: str) -> Path:
+    """Where `rel` is written: its folder resolved inside the tree, its own name not followed."""
+    return _write_path(root, rel, {})
 
 
 def _write_path(root: Path, rel: str, parents: dict[str, Path]) -> Path:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
 import shutil
+import stat
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -12,14 +15,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..distname import canonical_name
-from ..errors import AmbiguousDistribution, BadInput, EnvironmentProblem, TargetNotFound
+from ..errors import AmbiguousDistribution, BadInput, DsparkPatchError, EnvironmentProblem, TargetNotFound, UnsafePatch
 from ..inside import ISOLATED
 from ..inside.locate import BadRecord, record_of
-from . import fs
+from . import fs, journal, probe_record, recovery
 from .base import Distribution, RecordEntry, RunResult, TargetInfo
 
 if TYPE_CHECKING:
     from ..patching.plan import PatchPlan
+    from .probe_record import ProbeRecord
+    from .recovery import Recovery
 
 
 # The tree's own files must never run on the host: `-I` (inside/__init__.py) and a cwd outside
@@ -94,6 +99,56 @@ class LocalTree:
 
     def restore(self, plan: PatchPlan) -> None:
         fs.restore_plan(self.root, plan)
+
+    # Journaled: what a later run needs when this one is killed half-way (targets/journal.py).
+    def pending(self) -> str | None:
+        return str(journal.path_of(self.root)) if journal.exists(self.root) else None
+
+    def recover(self, diff_sha256: str, paths: frozenset[str]) -> Recovery | None:
+        probe_record.check(self.root)
+        return recovery.recover(self.root, diff_sha256=diff_sha256, paths=paths, own=(probe_record.NAME,))
+
+    def write_journaled(self, plan: PatchPlan, bytecode: Sequence[str]) -> None:
+        planned = fs.check_plan(self.root, plan)  # refusals first: a refused plan leaves no journal
+        entries = [journal.Entry(path=f.path, pre=f.pre, pre_sha256=f.pre_sha256, post_sha256=f.post_sha256, mode=p.mode)
+                   for f, p in zip(plan.files, planned, strict=True)]
+        entries += [self._bytecode_entry(pyc) for pyc in bytecode]
+        made = tuple(dict.fromkeys(folder for p in planned for folder in p.made))
+        probe_record.forget(self.root)
+        journal.write(self.root, journal.Journal(diff_sha256=plan.diff_sha256, entries=tuple(entries), made=made,
+                                                 pids=(os.getpid(),)))
+        try:
+            fs.write_plan(self.root, plan)
+        except BaseException:
+            # write_plan put back what it wrote; this removes the journal (kept if it cannot be).
+            with contextlib.suppress(DsparkPatchError, OSError):
+                recovery.roll_back(self.root)
+            raise
+
+    def roll_back(self) -> Recovery:
+        return recovery.roll_back(self.root)
+
+    def probed(self, record: ProbeRecord) -> bool:
+        return probe_record.holds(self.root, record)
+
+    def settle(self, record: ProbeRecord | None) -> None:
+        if record is not None:
+            probe_record.keep(self.root, record)
+        if journal.exists(self.root):
+            journal.remove(self.root)
+
+    def _bytecode_entry(self, pyc: str) -> journal.Entry:
+        dest = fs.write_path(self.root, pyc)
+        try:
+            st = os.lstat(dest)
+        except FileNotFoundError:
+            return journal.Entry(path=pyc, pre=None, pre_sha256=None, post_sha256=None, mode=0o644, bytecode=True)
+        if not stat.S_ISREG(st.st_mode):
+            raise UnsafePatch(f"{pyc}: is not a regular file (a link or a folder)",
+                              hint="the compile step replaces a module's bytecode; remove it first")
+        data = dest.read_bytes()
+        return journal.Entry(path=pyc, pre=data, pre_sha256=hashlib.sha256(data).hexdigest(), post_sha256=None,
+                             mode=stat.S_IMODE(st.st_mode), bytecode=True)
 
     def run_python(
         self,
