@@ -7,7 +7,9 @@ One idea a module:
   naming.py     our containers' names and who owns one (the only place that decides either)
   container.py  WorkContainer: one keep-alive container; call, copy_out, copy_into (never committed)
   append.py     the source plus one layer tar, config kept, loaded as a `docker load` archive
-  result_image.py  the patched image: source + layer (append.py), checked field by field, tagged
+  result_image.py  the patched image: source + layer (append.py), checked field by field
+  tag_lock.py   the tag, set last under the engine's lock on it (a container name is atomic)
+  gc.py         `dspark-patch gc`: killed runs' containers and tag locks
   store.py      DockerStore: the engine as the `ImageStore` of targets/base.py (targets.open_store)
   signals.py    SIGTERM -> SystemExit while a container is alive, so it is removed
   target.py     ImageTarget: the Target protocol and ImageCapable on top of those
@@ -16,7 +18,8 @@ One idea a module:
 from __future__ import annotations
 
 from ..base import ImageInfo
-from .client import ContainerState, DockerEngine, StartedContainer, gc_containers
+from .client import ContainerState, DockerEngine, StartedContainer
+from .gc import gc_containers
 from .naming import KEEP_ENV, NAME_PREFIX
 from .result_image import CONFIG_FIELDS
 from .target import ImageTarget

@@ -314,15 +314,6 @@ class StartedContainer:
             ) from exc
 
 
-def gc_containers(engine: DockerEngine | None = None, *, include_kept: bool = True) -> list[str]:
-    """What `dspark-patch gc` runs: remove every container of ours whose run is gone,
-    including kept ones (the user asked to clean up). Returns the removed containers' names."""
-    engine = engine or DockerEngine()
-    from .tag_lock import remove_stale_locks
-
-    return engine.gc_containers(include_kept=include_kept) + remove_stale_locks(engine)
-
-
 def _list_containers(api: Any, name: str) -> list[dict[str, Any]]:
     # The engine's list call itself can answer "No such container" when a container is being
     # removed while it lists (seen with dockerd 20.10 under concurrent runs); list again.
