@@ -9,9 +9,12 @@ no tag and no process behind.
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import signal
 import subprocess
+import tarfile
 import time
 import uuid
 from pathlib import Path
@@ -107,6 +110,31 @@ def _watch(proc: subprocess.Popen, client, *, until_early: bool) -> tuple[list[s
     return seen, early
 
 
+def _review_envs_post(client, patch_set: Path, work: Path) -> None:
+    """Write into `patch_set`'s patch.toml the sha256 of vllm/envs.py as its diff makes it from
+    the fixture image's file (GNU patch, on that one entry): the hashes a reviewer would record."""
+    container = client.containers.create(fixture_image(), entrypoint=["/nothing-runs"], network_disabled=True)
+    try:
+        stream, _ = container.get_archive("/usr/local/lib/python3.11/dist-packages/vllm/envs.py")
+        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
+            member = tar.extractfile(tar.getmembers()[0])
+            assert member is not None
+            pre = member.read()
+    finally:
+        container.remove(force=True)
+    (work / "vllm").mkdir(parents=True)
+    (work / "vllm" / "envs.py").write_bytes(pre)
+    text = (patch_set / "vllm-0.33.0.patch").read_text()
+    entry = text[:text.index("--- a/", 1)] if text.count("--- a/") > 1 else text
+    assert entry.startswith("--- a/vllm/envs.py\n")
+    subprocess.run(["patch", "-p1", "-s", "-d", str(work)], input=entry.encode(), check=True)
+    post = hashlib.sha256((work / "vllm" / "envs.py").read_bytes()).hexdigest()
+    toml = patch_set / "patch.toml"
+    reviewed = "ac2b2ddc8eac23000f065610af9919334bc2d37705c3a856ba4b0e2124462a7a"  # the genuine envs.py post-image
+    assert toml.read_text().count(reviewed) == 1
+    toml.write_text(toml.read_text().replace(reviewed, post))
+
+
 def _nothing_left(client, seen: list[str], tag: str, pid: int) -> None:
     assert containers_of(client, pid) == []
     for cid in seen:
@@ -178,8 +206,11 @@ def test_a_compile_failure_with_the_early_probe_waiting_leaves_nothing(client, t
     good = "+    VLLM_PCAI_DSPARK_SKIP_MTP_BUFFER: bool = False\n"
     assert text.count(good) == 1
     diff.write_text(text.replace(good, "+    VLLM_PCAI_DSPARK_SKIP_MTP_BUFFER: bool = (\n"))
+    # Its reviewed hashes say so (a post-image is always enforced on the reviewed pre-images):
+    # envs.py's post-image is the image's file with that one entry of the diff, applied by GNU patch.
+    _review_envs_post(client, broken, tmp_path / "oracle")
     proc = subprocess.Popen([str(SCRIPT), "apply", "--image", fixture_image(), "--patch", str(broken),
-                             "--allow-unknown-base", "--tag", tag, "--report-dir", str(tmp_path / "r")],
+                             "--tag", tag, "--report-dir", str(tmp_path / "r")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         seen, early = _watch(proc, client, until_early=False)
