@@ -59,25 +59,16 @@ class Folder:
         the filesystem's own failures and BadInput for a link or folder under the name."""
         _check_name(name)
         self._refuse_odd(name, new=new)
-        tmp = f".{name[:64]}.{os.getpid()}.{next(_tmp_numbers)}{_TMP_SUFFIX}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=self.fd)
+        temps: list[str] = []
         try:
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view):]
-            finally:
-                os.close(fd)
+            tmp = self._temp(name, data, temps)
             if new:  # a hard link fails where the name exists: exclusive and atomic at once
                 os.link(tmp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd, follow_symlinks=False)
                 os.unlink(tmp, dir_fd=self.fd)
             else:
                 os.replace(tmp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
         except BaseException:
-            try:
-                os.unlink(tmp, dir_fd=self.fd)
-            except FileNotFoundError:
-                pass
+            self._drop(temps)
             raise
         return self.path / name
 
@@ -91,26 +82,35 @@ class Folder:
         temps: list[str] = []
         try:
             for name, data in files:
-                tmp = f".{name[:64]}.{os.getpid()}.{next(_tmp_numbers)}{_TMP_SUFFIX}"
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666,
-                             dir_fd=self.fd)
-                temps.append(tmp)
-                try:
-                    view = memoryview(data)
-                    while view:
-                        view = view[os.write(fd, view):]
-                finally:
-                    os.close(fd)
+                self._temp(name, data, temps)
             for tmp, (name, _) in zip(temps, files, strict=True):
                 os.replace(tmp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
         except BaseException:
-            for tmp in temps:
-                try:
-                    os.unlink(tmp, dir_fd=self.fd)
-                except FileNotFoundError:
-                    pass
+            self._drop(temps)
             raise
         return [self.path / name for name, _ in files]
+
+    def _temp(self, name: str, data: bytes, made: list[str]) -> str:
+        """`data` in a fresh temporary file beside `name`, created exclusively, never through a
+        link; its name is added to `made` as soon as it exists (for `_drop` on a failure)."""
+        tmp = f".{name[:64]}.{os.getpid()}.{next(_tmp_numbers)}{_TMP_SUFFIX}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=self.fd)
+        made.append(tmp)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+        return tmp
+
+    def _drop(self, temps: list[str]) -> None:
+        """Remove the temporary files a failed write left (renamed ones are gone already)."""
+        for tmp in temps:
+            try:
+                os.unlink(tmp, dir_fd=self.fd)
+            except FileNotFoundError:
+                pass
 
     def read(self, name: str, *, limit: int) -> bytes | None:
         """A regular file's bytes (None: no such name); a link or other kind is BadInput."""

@@ -11,7 +11,6 @@ import io
 import os
 import subprocess
 import sys
-import tarfile
 import textwrap
 import time
 import uuid
@@ -350,22 +349,12 @@ def test_commit_keeps_the_config_adds_one_layer_and_labels(engine, fixture_ref):
         engine.remove_image(tag, force=True)
 
 
-def _tiny_layer(path: str, data: bytes) -> bytes:
-    """A layer tar holding one root-owned file (and no folder entries: its folder exists)."""
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:") as tar:
-        member = tarfile.TarInfo(path.lstrip("/"))
-        member.size, member.mode = len(data), 0o644
-        tar.addfile(member, io.BytesIO(data))
-    return buffer.getvalue()
-
-
 def test_commit_keeps_a_null_entrypoint_null(engine):
     # An image with CMD and no ENTRYPOINT: nothing of ours may become its entrypoint.
     ref = images.no_vllm_image()
     source = engine.image_info(ref)
     assert source.config["Entrypoint"] is None
-    result = result_image.build_result(engine, source, _tiny_layer("/srv/x", b"x"), labels={})
+    result = result_image.build_result(engine, source, images.tiny_layer("/srv/x", b"x"), labels={})
     try:
         committed = engine.image_info(result.id)
         assert committed.config["Entrypoint"] is None
@@ -410,7 +399,7 @@ def test_an_image_with_neither_entrypoint_nor_cmd_keeps_both_empty(engine):
     try:
         source = engine.image_info(bare_tag)
         assert not source.config["Cmd"]
-        committed = result_image.build_result(engine, source, _tiny_layer("/srv/y", b"y\n"), labels={})
+        committed = result_image.build_result(engine, source, images.tiny_layer("/srv/y", b"y\n"), labels={})
         engine.tag(committed.id, tag)
         result = engine.image_info(tag)
         assert result.id == committed.id
@@ -454,4 +443,3 @@ def test_unreachable_engine(monkeypatch):
             pass
     assert refused.value.exit_code == 3
     assert "DOCKER_HOST" in refused.value.hint
-

@@ -13,7 +13,6 @@ import json
 import os
 import subprocess
 import sys
-import tarfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,7 +27,7 @@ from dspark_patch.targets.docker import DockerEngine, result_image
 from dspark_patch.targets.docker.naming import NAME_PREFIX, container_name
 from dspark_patch.targets.docker.tag_lock import OWNER_LABEL, lock_name, name_image
 from tests.support.cli import run
-from tests.support.images import fixture_image, no_vllm_image
+from tests.support.images import fixture_image, no_vllm_image, tiny_layer
 
 pytestmark = pytest.mark.engine
 
@@ -193,7 +192,7 @@ def test_a_report_folder_that_is_full_fails_the_apply_and_names_nothing(client, 
 def test_reports_that_fail_after_the_tag_take_the_tag_and_the_image_back(client, full_folder):
     engine = DockerEngine(client)
     base = engine.image_info(no_vllm_image())
-    layer = _tiny_layer("/srv/withdrawn", b"x")
+    layer = tiny_layer("/srv/withdrawn", b"x")
     made = result_image.build_result(engine, base, layer, labels={RUN_LABEL: uuid.uuid4().hex})
     tag = f"dspark-patch/test-withdraw:{uuid.uuid4().hex[:10]}"
     engine.tag(made.id, tag)
@@ -208,15 +207,6 @@ def test_reports_that_fail_after_the_tag_take_the_tag_and_the_image_back(client,
         assert not engine.tag_exists(made.id)
     finally:
         engine.remove_image(made.id, force=True)
-
-
-def _tiny_layer(path: str, data: bytes) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:") as tar:
-        member = tarfile.TarInfo(path.lstrip("/"))
-        member.size, member.mode = len(data), 0o644
-        tar.addfile(member, io.BytesIO(data))
-    return buffer.getvalue()
 
 
 def test_gc_removes_a_killed_runs_tag_lock_and_keeps_a_live_one(client):

@@ -9,7 +9,9 @@ never skipped.
 from __future__ import annotations
 
 import functools
+import io
 import subprocess
+import tarfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -106,3 +108,13 @@ def official_upgraded_image() -> str:
 def official_reinstalled_image() -> str:
     """vllm-official (0.33.0) with the same wheel reinstalled in a later layer."""
     return built_images()["vllm-official-reinstalled"]
+
+
+def tiny_layer(path: str, data: bytes) -> bytes:
+    """A layer tar holding one root-owned file (and no folder entries: its folder exists)."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:") as tar:
+        member = tarfile.TarInfo(path.lstrip("/"))
+        member.size, member.mode = len(data), 0o644
+        tar.addfile(member, io.BytesIO(data))
+    return buffer.getvalue()
