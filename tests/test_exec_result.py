@@ -12,9 +12,12 @@ tested against the real engine in test_image_target.py.
 from __future__ import annotations
 
 import pytest
+from docker.utils.socket import frames_iter
 
 from dspark_patch.errors import EnvironmentProblem
-from dspark_patch.targets.docker.container import RunningCall
+from dspark_patch.targets.docker.container import RunningCall, demux
+
+from .support.exec_frames import ended_output, output_of
 
 
 class Engine:
@@ -25,8 +28,9 @@ class Engine:
         self.out, self.running, self.code = out, running, code
         self.asked = 0
 
-    def exec_start(self, exec_id: str, demux: bool) -> tuple[bytes | None, bytes | None]:
-        return self.out
+    def exec_start(self, exec_id: str, socket: bool) -> object:
+        assert socket
+        return output_of(*self.out)
 
     def exec_inspect(self, exec_id: str) -> dict:
         self.asked += 1
@@ -61,3 +65,24 @@ def test_an_exec_that_never_ends_after_its_output_is_an_environment_problem(monk
 def test_timeouts_are_still_told_by_the_exit_code_of_timeout():
     result = call(Engine((b"", b""), running=0, code=124)).wait()
     assert result.timed_out and result.returncode == 124
+
+
+def test_output_on_stream_0_is_stdout_as_docker_reads_it():
+    # Podman sends some of an exec's output framed as stream 0; Docker's own client (stdcopy)
+    # writes stream 0 to stdout, and docker-py's demux raised "0 is not a valid stream".
+    frames = [(0, b'{"files": '), (1, b'[]}'), (2, b"warning: x\n"), (3, b"engine: y\n")]
+    assert demux(frames_iter(ended_output(frames), False)) == (b'{"files": []}', b"warning: x\nengine: y\n")
+
+
+def test_an_exec_read_on_stream_0_is_whole():
+    class Stream0(Engine):
+        def exec_start(self, exec_id: str, socket: bool) -> object:
+            return ended_output([(0, b'{"files": '), (1, b"[]}")])
+
+    result = call(Stream0((None, None), running=0)).wait()
+    assert (result.returncode, result.stdout) == (0, b'{"files": []}')
+
+
+def test_an_unknown_stream_is_an_environment_problem():
+    with pytest.raises(EnvironmentProblem, match="on stream 7"):
+        demux(frames_iter(ended_output([(1, b"a"), (7, b"b")]), False))

@@ -40,6 +40,8 @@ import pytest
 from dspark_patch.targets.docker.client import DockerEngine
 from dspark_patch.targets.docker.container import WorkContainer
 
+from .support.exec_frames import output_of
+
 
 class Engine:
     """Makes and removes containers by name, as the engine's API does, and runs execs in them
@@ -99,7 +101,7 @@ class Engine:
     def exec_start(self, exec_id: str, demux: bool = False, **options: object) -> object:
         if self._exec_in[exec_id] not in self.running:
             raise docker.errors.APIError(f"container {self._exec_in[exec_id]} is not running")
-        return (b"", b"") if demux else b""
+        return output_of(b"", b"") if options.get("socket") else b""
 
     def exec_inspect(self, exec_id: str) -> dict:
         return {"Running": False, "ExitCode": 0}

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from .. import __version__
+from .. import __version__, termination
 from ..errors import DsparkPatchError
 from ..report.model import (
     AuditReport,
@@ -61,9 +61,11 @@ class RunLog:
 
     @contextmanager
     def step(self, name: str) -> Iterator[None]:
+        termination.check()  # a run told to stop starts no step, whatever dropped the signal's exception
         start = time.monotonic()
         try:
             yield
+            termination.check()
         except BaseException as exc:
             detail = exc.line() if isinstance(exc, DsparkPatchError) else type(exc).__name__
             self.record(StepReport(name=name, status="failed", seconds=time.monotonic() - start, detail=detail))

@@ -6,7 +6,8 @@ Use it as a context manager: the container is created and started on entry and f
 on every way out, also when starting fails or SIGTERM arrives; `DSPARK_PATCH_KEEP_CONTAINER=1`
 keeps it for debugging and leaves a note saying how to remove it.
 
-Everything run here runs as root with its environment given per exec.
+Everything run here runs as root in `/` with its environment given per exec, but the one check of
+the image as it starts (its USER and WORKDIR; targets/docker/target.py `as_started`).
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ import posixpath
 import tarfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import docker.errors
+from docker.utils.socket import frames_iter
 
 from ...errors import EnvironmentProblem, UnsafePatch
 from ..base import RunResult
@@ -61,7 +63,12 @@ class RunningCall:
 
     def _read(self) -> None:
         try:
-            self._box["out"] = self._api.exec_start(self._exec_id, demux=True)
+            sock = self._api.exec_start(self._exec_id, socket=True)
+            try:
+                self._box["out"] = demux(frames_iter(sock, False))
+            finally:  # as docker-py's own read: the response, which closes its socket
+                response = getattr(sock, "_response", None)
+                (response or sock).close()
         except BaseException as exc:  # surfaced in the calling thread
             self._box["error"] = exc
 
@@ -92,6 +99,23 @@ class RunningCall:
             if time.monotonic() > deadline:
                 return None
             time.sleep(0.05)
+
+
+def demux(frames: Iterable[tuple[int, bytes]]) -> tuple[bytes, bytes]:
+    """An exec's (stdout, stderr) from the engine's multiplexed frames, read as Docker's own
+    client reads them (stdcopy): stream 0 is written to stdout, 1 is stdout, 2 stderr, 3 the
+    engine's own error text. docker-py's demux refuses stream 0, which Podman sends."""
+    out: list[bytes] = []
+    err: list[bytes] = []
+    for stream, data in frames:
+        if stream in (0, 1):
+            out.append(data)
+        elif stream in (2, 3):
+            err.append(data)
+        else:
+            raise EnvironmentProblem(f"the engine sent an exec's output on stream {stream}, which no engine uses",
+                                     hint="run again; if it recurs, look at the engine's version and log")
+    return b"".join(out), b"".join(err)
 
 
 class WorkContainer:
@@ -209,11 +233,14 @@ class WorkContainer:
         return str(self.container.name)
 
     # --- the four operations --------------------------------------------------------------
-    def call(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float) -> RunResult:
-        """Run argv as root in the container, env for this exec only, stopped after `timeout`."""
-        return self.start(argv, env=env, timeout=timeout).wait()
+    def call(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float,
+             user: str = "0", workdir: str = "/") -> RunResult:
+        """Run argv in the container (as root in `/` unless `user` and `workdir` say otherwise),
+        env for this exec only, stopped after `timeout`."""
+        return self.start(argv, env=env, timeout=timeout, user=user, workdir=workdir).wait()
 
-    def start(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float) -> RunningCall:
+    def start(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float,
+              user: str = "0", workdir: str = "/") -> RunningCall:
         """`call`, but returning at once: the exec runs on while the caller does other work.
         It ends with the container at the latest (removing it kills every process in it)."""
         api = self.container.client.api
@@ -221,7 +248,7 @@ class WorkContainer:
         # `timeout` (coreutils/busybox) stops the process inside the container; the host-side
         # wait only guards against images without it.
         wrapped = ["timeout", "-k", "5", str(max(1, int(timeout))), *argv] if self._timeout_available() else argv
-        exec_id = self._exec_create(wrapped, environment=dict(env or {}))
+        exec_id = self._exec_create(wrapped, environment=dict(env or {}), user=user, workdir=workdir)
         return RunningCall(api, exec_id, program=argv[0], timeout=timeout, wrapped=wrapped is not argv)
 
     def copy_out(self, absolute: str) -> tuple[bytes, FileMeta] | None:
@@ -310,11 +337,12 @@ class WorkContainer:
         if result.returncode != 0:
             raise EnvironmentProblem(f"{failed}: {result.stderr.decode(errors='replace').strip()}")
 
-    def _exec_create(self, argv: list[str], *, environment: dict[str, str] | None = None) -> str:
+    def _exec_create(self, argv: list[str], *, environment: dict[str, str] | None = None, user: str = "0",
+                     workdir: str = "/") -> str:
         try:
-            # A neutral cwd: the image's WORKDIR may hold modules that shadow the stdlib.
-            return str(self.container.client.api.exec_create(self.container.id, argv, user="0",
-                                                              environment=environment, workdir="/")["Id"])
+            # A neutral cwd by default: the image's WORKDIR may hold modules that shadow the stdlib.
+            return str(self.container.client.api.exec_create(self.container.id, argv, user=user,
+                                                              environment=environment, workdir=workdir)["Id"])
         except docker.errors.APIError as exc:
             # The keep-alive process is gone (an image whose python does not run): one clean line.
             raise EnvironmentProblem(f"the work container of image {self.ref} is not running any more "

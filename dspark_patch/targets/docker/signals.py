@@ -11,6 +11,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from ... import termination
+
 
 class terminate_raises:
     """While active, SIGTERM raises SystemExit(143).
@@ -45,6 +47,7 @@ class terminate_raises:
         held: list[int] = []
 
         def hold(signum: int, frame: object) -> None:
+            termination.record(signum)
             if held:
                 raise SystemExit(128 + signum)
             held.append(signum)
@@ -73,6 +76,7 @@ def terminate_sweeps(sweep: Callable[[], object]) -> Iterator[None]:
         return
 
     def on_term(signum: int, frame: object) -> None:
+        termination.record(signum)
         signal.signal(signal.SIGTERM, _raise_exit)
         try:
             sweep()
@@ -88,4 +92,5 @@ def terminate_sweeps(sweep: Callable[[], object]) -> Iterator[None]:
 
 
 def _raise_exit(signum: int, frame: object) -> None:
+    termination.record(signum)  # kept: a finaliser this lands in drops the exception
     raise SystemExit(128 + signum)
