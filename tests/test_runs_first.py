@@ -60,6 +60,18 @@ CASES = {
                                     "&& touch /home/vllm/.local/lib/python3.11/site-packages/usercustomize.py"],
                                    "/home/vllm/.local/lib/python3.11/site-packages/usercustomize.py"),
 }
+# Seen only by asking the image's own python as the image starts it (verify and apply): a `.pth`
+# in another site folder of the interpreter that imports a module there, and one that installs
+# an import finder ahead of the site folders.
+OTHER_SITE = "/usr/lib/python3/dist-packages"
+STARTED_CASES = {
+    "pth-in-another-site-folder": ([f"RUN mkdir -p {OTHER_SITE} && echo 'import zz_hook' > {OTHER_SITE}/zz-hook.pth "
+                                    f"&& echo 'X = 1' > {OTHER_SITE}/zz_hook.py"],
+                                   f"{OTHER_SITE}/zz_hook.py"),
+    "finder-installed-at-start": ([f"RUN mkdir -p {OTHER_SITE} && echo \"import sys; sys.meta_path.insert(0, type('Redirect', (), "
+                                   f"{{'find_spec': staticmethod(lambda *a: None)}})())\" > {OTHER_SITE}/zz-finder.pth"],
+                                  "Redirect: an import finder installed at start"),
+}
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +80,7 @@ def images():
     base = official_image()
     made: dict[str, str] = {}
     try:
-        for name, (lines, _) in CASES.items():
+        for name, (lines, _) in {**CASES, **STARTED_CASES}.items():
             dockerfile = "\n".join([f"FROM {base}", "USER root", *lines, "USER 2000"]) + "\n"
             tag = f"dspark-patch/test-runs-first:{name}-{uuid.uuid4().hex[:6]}"
             client.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag=tag, network_mode="none", rm=True,
@@ -88,7 +100,8 @@ def test_both_status_routes_name_what_runs_first(images: dict[str, str]) -> None
               "--json")
     assert res.returncode == 1, res.stdout[-3000:]
     rows = {row["ref"]: row for row in res.json["images"]}
-    for name, tag in images.items():
+    for name in CASES:
+        tag = images[name]
         row = rows[tag]
         assert row["exit_code"] == 1 and _named(CASES[name][1], row), (name, row)
         res = run("status", "--image", tag, "--pull", "never", "--via", "container", "--json")
@@ -101,18 +114,19 @@ def _named(path: str, row: dict) -> bool:
     return path in (row["error"] or "") or path in row["added"]
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("name", sorted({**CASES, **STARTED_CASES}))
 def test_verify_fails_and_apply_refuses(name: str, images: dict[str, str], tmp_path: Path) -> None:
     tag = images[name]
+    named = {**CASES, **STARTED_CASES}[name][1]
     res = run("verify", "--image", tag, "--pull", "never", "--no-probe", "--report-dir", str(tmp_path / "verify"))
     assert res.returncode == 1, (res.stdout[-2000:], res.stderr[-2000:])
-    assert CASES[name][1] in res.stderr
+    assert named in res.stderr
 
     client = docker.from_env()
     result = f"dspark-patch/test-result:runs-first-{uuid.uuid4().hex[:8]}"
     res = run("apply", "--image", tag, "--pull", "never", "--tag", result, "--report-dir", str(tmp_path / "apply"))
     line = res.assert_clean_error(1)
-    assert CASES[name][1] in line and "nothing was written" in line
+    assert named in line and "nothing was written" in line
     with pytest.raises(docker.errors.ImageNotFound):
         client.images.get(result)
     assert our_containers(client) == []

@@ -112,3 +112,88 @@ def test_debian_sitecustomize_is_known_and_any_other_is_named() -> None:
     lines = _lines(VLLM_SERVE, {"/usr/lib/python3.11/sitecustomize.py": debian, f"{SITE}/apport_python_hook.py": b""})
     assert lines and lines[0].startswith(f"{SITE}/apport_python_hook.py")
     assert _lines({**VLLM_SERVE, "Env": ["PYTHONHOME=/opt"]}, {})[0].startswith("Env PYTHONHOME=/opt")
+
+
+# --- the image's own python as it starts (inside/started.py's answer, judged here) ------------
+from dspark_patch.targets.runtime import judge_started, start_of, started_argv  # noqa: E402
+
+STDLIB = "/usr/lib/python3.11"
+
+
+def _answer(**changes: Any) -> dict[str, Any]:
+    """What the official shape's python answers (read off the real image), with `changes`."""
+    answer = {
+        "path": ["/usr/local/bin", STDLIB, f"{STDLIB}/lib-dynload", SITE],
+        "modules": [["sys", None], ["os", f"{STDLIB}/os.py"], ["encodings.utf_8", f"{STDLIB}/encodings/utf_8.py"],
+                    ["_sitebuiltins", f"{STDLIB}/_sitebuiltins.py"], ["__main__", None],
+                    ["_distutils_hack", f"{SITE}/_distutils_hack/__init__.py"],
+                    ["sitecustomize", f"{STDLIB}/sitecustomize.py"], ["site", f"{STDLIB}/site.py"]],
+        "finders": ["_distutils_hack.DistutilsMetaFinder", "_frozen_importlib.BuiltinImporter",
+                    "_frozen_importlib.FrozenImporter", "_frozen_importlib_external.PathFinder"],
+        "stdlib": [STDLIB], "stdlib_names": ["os", "encodings", "_sitebuiltins", "site", "sys"],
+        "sites": [SITE, "/usr/lib/python3/dist-packages", f"{STDLIB}/dist-packages"],
+        "spec": {"origin": f"{SITE}/vllm/__init__.py", "locations": [f"{SITE}/vllm"]}, "error": None,
+    }
+    answer.update(changes)
+    return answer
+
+
+def test_the_genuine_start_adds_nothing():
+    assert judge_started(_answer(), site=SITE, top="vllm") == []
+
+
+@pytest.mark.parametrize(("module", "file"), [
+    ("zz_hook", "/usr/lib/python3/dist-packages/zz_hook.py"),       # a .pth import in another site folder
+    ("evil", f"{STDLIB}/evil.py"),                                  # in the stdlib folder, not a stdlib name
+    ("os", "/opt/shadow/os.py"),                                    # a stdlib name, not from the stdlib
+    ("_distutils_hack", "/vllm-workspace/_distutils_hack.py"),      # setuptools' name, not from a site folder
+    ("sitecustomize", "/opt/sitecustomize.py"),
+])
+def test_code_from_a_file_that_ran_at_start_is_named(module: str, file: str):
+    answer = _answer(modules=[*_answer()["modules"], [module, file]])
+    assert judge_started(answer, site=SITE, top="vllm") == [
+        f"{file}: module {module} runs at every start of the image's python, before {SITE}/vllm"]
+
+
+def test_a_finder_added_at_start_is_named():
+    answer = _answer(finders=["site.Redirect", *_answer()["finders"]])
+    assert judge_started(answer, site=SITE, top="vllm") == [
+        f"site.Redirect: an import finder installed at start of the image's python, asked before {SITE}/vllm"]
+
+
+@pytest.mark.parametrize(("spec", "error", "said"), [
+    ({"origin": "/opt/x/vllm/__init__.py", "locations": ["/opt/x/vllm"]}, None,
+     f"/opt/x/vllm/__init__.py: what `import vllm` takes in the image as it starts, not {SITE}/vllm"),
+    ({"origin": None, "locations": ["/opt/x/vllm"]}, None, "takes a namespace package (['/opt/x/vllm'])"),
+    (None, None, "`import vllm` in the image as it starts finds nothing"),
+    (None, "ValueError: boom", "finds ValueError: boom"),
+])
+def test_vllm_resolved_elsewhere_is_named(spec: Any, error: Any, said: str):
+    lines = judge_started(_answer(spec=spec, error=error), site=SITE, top="vllm")
+    assert len(lines) == 1 and said in lines[0]
+
+
+@pytest.mark.parametrize("answer", [None, [], {"path": "x"}, _answer(modules=[["a"]]), _answer(spec={"origin": 3}),
+                                    _answer(spec={"origin": "x"}), _answer(stdlib=None)])
+def test_an_answer_that_is_not_well_formed_is_not_verified(answer: Any):
+    assert judge_started(answer, site=SITE, top="vllm") == [
+        f"the image's python as the image starts it gave no readable answer; what it runs before {SITE}/vllm "
+        "is not verified"]
+
+
+@pytest.mark.parametrize(("config", "argv"), [
+    (VLLM_SERVE, ["/usr/bin/python3", "-B", "-c", "SRC", "/usr/local/bin", "vllm"]),       # the script's folder
+    ({"Entrypoint": ["python3", "-m", "vllm.entrypoints.cli.main"]},
+     ["/usr/bin/python3", "-B", "-c", "SRC", "/w", "vllm"]),                                # -m: the working dir
+    ({"Entrypoint": ["python3", "-I", "-m", "vllm.entrypoints.cli.main"]},
+     ["/usr/bin/python3", "-I", "-B", "-c", "SRC", "", "vllm"]),                            # -I: nothing first
+    ({"Entrypoint": ["python3", "-m", "x"], "Env": ["PYTHONSAFEPATH=1"]},
+     ["/usr/bin/python3", "-B", "-c", "SRC", "", "vllm"]),
+    ({"Entrypoint": ["/bin/sh", "-c", "vllm serve"]}, None),                               # not followed
+])
+def test_the_image_python_is_asked_as_the_image_starts_it(config: dict[str, Any], argv: Any):
+    files = {"/usr/local/bin/vllm": SCRIPT, "/usr/bin/python3": b"\x7fELF", "/bin/sh": b"\x7fELF",
+             "/etc/passwd": PASSWD}
+    stat, read = _image(files)
+    start = start_of({"User": "2000", "WorkingDir": "/w", **config}, stat, read, what=f"{SITE}/vllm")
+    assert started_argv(start, top="vllm", source="SRC") == argv

@@ -7,6 +7,8 @@ print one JSON document on stdout, and never import the patched distribution.
 They run isolated (`ISOLATED`: `-I`, so neither the cwd nor the script's folder is on sys.path
 and no PYTHON* variable or user site applies) with a cwd outside the target's tree, so a
 target's own `json.py` or `platform.py` can never shadow the standard library they import.
+The one exception is `started.py`, whose question is what the image's python does when the
+image starts it: it runs as the image runs it, and its answer can only add findings.
 """
 
 from __future__ import annotations

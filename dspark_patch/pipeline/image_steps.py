@@ -43,9 +43,16 @@ def unimported_copies(target: ImageCapable, dist: Distribution, run: RunLog) -> 
 def runs_first(target: ImageCapable, dist: Distribution, run: RunLog) -> list[str]:
     """What the image, started as its config says, runs before or instead of the checked
     distribution (targets/runtime.py: its script folder, working dir, PYTHONPATH, user site,
-    start-up hooks), one line each. `apply` refuses such an image, `verify` fails it."""
+    start-up hooks), one line each, then what the image's own python, started as the image starts
+    it, shows besides (a .pth in another site folder, a finder): `apply` refuses such an image,
+    `verify` fails it."""
     with run.step("runtime"):
-        return list(target.runs_first(dist.name, dist.location, minor_version(dist.python_version or "")))
+        found = list(target.runs_first(dist.name, dist.location, minor_version(dist.python_version or "")))
+    with run.step("as started"):
+        seen = " ".join(found)
+        # A path the config-and-stats model already named is not named twice.
+        found += [line for line in target.as_started(dist.name, dist.location) if line.split(":", 1)[0] not in seen]
+    return found
 
 
 def refuse_runs_first(target: ImageCapable, dist: Distribution, run: RunLog) -> None:

@@ -215,6 +215,12 @@ class ImageCapable(Target, Protocol):
         distribution at `location`, one line each (targets/runtime.py); after `locate`."""
         ...
 
+    def as_started(self, distribution: str, location: str) -> tuple[str, ...]:
+        """The same question asked of the image's own python, started as the image starts it:
+        what it imported at start and where it resolves the distribution. Findings only, one
+        line each (targets/runtime.py `judge_started`); after `locate`, before anything is written."""
+        ...
+
     def refuse_existing_tag(self, tag: str, *, force: bool) -> None:
         """Raise TagExists when `tag` exists and `force` is not given."""
         ...

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import posixpath
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from . import interpreter as interp
@@ -137,25 +138,40 @@ def _holders(folder: str, top: str, python: str | None, stat: interp.Stat) -> li
     return found
 
 
-def runs_first(config: Mapping[str, Any], stat: interp.Stat, read_small: ReadSmall, *, site: str,
-               python: str | None, distribution: str) -> list[str]:
-    """One line for each thing the image, started as configured, runs before or instead of the
-    distribution read at `site` (module doc). Empty: nothing the config and the files show."""
-    top = distribution.replace("-", "_").lower()
+@dataclass(frozen=True, kw_only=True)
+class Start:
+    """How the image starts its python, as far as the config and path stats show.
+
+    `python`: the interpreter that runs (the entrypoint's, or its script's `#!` one), None when
+    the command is not a python or cannot be followed (`unmodelled` says why); `flags`: its
+    single-letter options; `first`: what CPython puts at sys.path[0] and why; `env`: what the
+    trampolines add to the image's Env."""
+
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    python: str | None
+    flags: frozenset[str]
+    first: tuple[str, str] | None
+    unmodelled: tuple[str, ...]
+
+
+def start_of(config: Mapping[str, Any], stat: interp.Stat, read_small: ReadSmall, *, what: str) -> Start:
+    """The image's start (see `Start`); `what` names the checked code in "not verified" lines."""
     workdir = str(config.get("WorkingDir") or "/")
     lines: list[str] = []
     flags: set[str] = set()
     first: tuple[str, str] | None = None
+    python: str | None = None
     argv, assigned, unmodelled = unwrap(image_argv(config))
-    env = {**image_env(config), **assigned}
     command = interp.resolve_command(argv[0], search_dirs(config), stat) if argv and unmodelled is None else None
     if unmodelled is not None:
         lines.append(f"the image starts {_shown(image_argv(config))}: {unmodelled}; what it runs before or instead of "
-                     f"{site}/{top} is not verified")
+                     f"{what} is not verified")
     elif argv and command is None:
         lines.append(f"the image starts {_shown(argv)}, which the tool does not find in the image (along its PATH); "
-                     f"what it runs before or instead of {site}/{top} is not verified")
+                     f"what it runs before or instead of {what} is not verified")
     if command is not None and interp.is_python_name(command):
+        python = command
         flags, mode, script = _flags(argv[1:])
         if mode is not None:
             first = (workdir, f"the working dir, first on sys.path for `python {mode}`")
@@ -164,18 +180,33 @@ def runs_first(config: Mapping[str, Any], stat: interp.Stat, read_small: ReadSma
             first = (posixpath.dirname(posixpath.normpath(where)), f"the folder of the script {script}")
     elif command is not None:
         head = read_small(command) or b""
-        if interp.shebang_python(head) is not None:
+        named = interp.shebang_python(head)
+        if named is not None:
             words = head[2:].split(b"\n", 1)[0].decode("utf-8", "replace").split()
             flags, _, _ = _flags([w for w in words[1:] if w.startswith("-")])
+            python = named if named.startswith("/") else interp.resolve_command(named, search_dirs(config), stat)
             first = (posixpath.dirname(command), f"the folder of the entrypoint script {command}")
         elif not (posixpath.basename(command) in _SHELLS and len(argv) == 1):
             # A shell with a command, a shell script, any other program: what it starts, with
             # which Env and working dir, is not in the config. (A bare shell runs nothing: a
             # deployment gives its command at run time.)
-            what = "a shell with a command or script" if posixpath.basename(command) in _SHELLS else \
+            kind = "a shell with a command or script" if posixpath.basename(command) in _SHELLS else \
                 "a program that is not Python (a shell script, a launcher)"
-            lines.append(f"the image starts {_shown(argv)} ({command}): {what} the tool does not model; what it runs "
-                         f"before or instead of {site}/{top} is not verified")
+            lines.append(f"the image starts {_shown(argv)} ({command}): {kind} the tool does not model; what it runs "
+                         f"before or instead of {what} is not verified")
+    return Start(argv=tuple(argv), env={**image_env(config), **assigned}, python=python, flags=frozenset(flags),
+                 first=first, unmodelled=tuple(lines))
+
+
+def runs_first(config: Mapping[str, Any], stat: interp.Stat, read_small: ReadSmall, *, site: str,
+               python: str | None, distribution: str) -> list[str]:
+    """One line for each thing the image, started as configured, runs before or instead of the
+    distribution read at `site` (module doc). Empty: nothing the config and the files show."""
+    top = distribution.replace("-", "_").lower()
+    workdir = str(config.get("WorkingDir") or "/")
+    start = start_of(config, stat, read_small, what=f"{site}/{top}")
+    lines = list(start.unmodelled)
+    flags, first, env = set(start.flags), start.first, dict(start.env)
     isolated = "I" in flags
     ignore_env = isolated or "E" in flags
     safe = isolated or "P" in flags or (not ignore_env and bool(env.get("PYTHONSAFEPATH")))
@@ -221,3 +252,90 @@ def runs_first(config: Mapping[str, Any], stat: interp.Stat, read_small: ReadSma
                             lines.append(f"{folder}/{name}: Debian's sitecustomize imports it at every start (-I too)")
     return list(dict.fromkeys(lines))
 
+
+
+# The finders CPython installs, and the one setuptools' distutils-precedence.pth adds at start.
+# Files of the standard library's folder that `sys.stdlib_module_names` does not list (Debian's).
+_STDLIB_UNLISTED = frozenset({"_distutils_system_mod"})
+_KNOWN_FINDERS = frozenset({"_frozen_importlib.BuiltinImporter", "_frozen_importlib.FrozenImporter",
+                            "_frozen_importlib_external.PathFinder", "_distutils_hack.DistutilsMetaFinder"})
+
+
+def started_argv(start: Start, *, top: str, source: str) -> list[str] | None:
+    """The command that asks the image's python, started as the image starts it, what it
+    imported at start and where `import top` resolves (`source`: inside/started.py, run as
+    `-c`); None when the start is not a python the tool follows."""
+    if start.python is None or start.unmodelled:
+        return None
+    first = ""
+    if start.first is not None and not ({"I", "P"} & start.flags) and not (
+            "E" not in start.flags and start.env.get("PYTHONSAFEPATH")):
+        first = start.first[0]
+    flags = [f"-{f}" for f in sorted(start.flags & set("IEsSP"))]
+    return [start.python, *flags, "-B", "-c", source, first, top]
+
+
+def judge_started(answer: Any, *, site: str, top: str) -> list[str]:
+    """Findings from the image's python as it starts (inside/started.py): where `import top`
+    resolves if not at `site/top`, each module with a file that ran at start and is neither the
+    standard library's nor setuptools' `_distutils_hack` from a site folder, each import finder
+    added at start. Code that ran first may have lied: this only ever adds findings."""
+    if not _well_formed(answer):
+        return [f"the image's python as the image starts it gave no readable answer; what it runs before "
+                f"{site}/{top} is not verified"]
+    lines: list[str] = []
+    wanted = posixpath.normpath(f"{site}/{top}/__init__.py")
+    spec = answer["spec"]
+    if answer["error"] is not None or spec is None:
+        why = answer["error"] or "nothing"
+        lines.append(f"`import {top}` in the image as it starts finds {why} (sys.path {answer['path'][:6]}), "
+                     f"not {site}/{top}")
+    elif not isinstance(spec["origin"], str):
+        lines.append(f"`import {top}` in the image as it starts takes a namespace package ({spec['locations'][:3]}), "
+                     f"not {site}/{top}")
+    elif posixpath.normpath(spec["origin"]) != wanted:
+        lines.append(f"{spec['origin']}: what `import {top}` takes in the image as it starts, not {site}/{top}")
+    stdlib = [posixpath.normpath(p) for p in answer["stdlib"]]
+    sites = [posixpath.normpath(p) for p in [*answer["sites"], site]]
+    names = set(answer["stdlib_names"])
+    for name, file in answer["modules"]:
+        if file is None or name == "__main__":
+            continue  # built in, frozen, or a namespace a .pth made: no file of code ran
+        path = posixpath.normpath(file)
+        root = name.split(".", 1)[0]
+        if _under(path, stdlib) and (root in names or not names or root in _STDLIB_UNLISTED
+                                     or root.startswith("_sysconfigdata_")
+                                     or (name == "sitecustomize" and path in {f"{p}/sitecustomize.py" for p in stdlib})):
+            continue  # (a Debian sitecustomize's text is checked by `runs_first`)
+        if root == "_distutils_hack" and _under(path, sites):
+            continue  # setuptools' own, imported by its .pth (its source is checked by `runs_first`)
+        lines.append(f"{path}: module {name} runs at every start of the image's python, before {site}/{top}")
+    for finder in answer["finders"]:
+        if finder not in _KNOWN_FINDERS:
+            lines.append(f"{finder}: an import finder installed at start of the image's python, asked before "
+                         f"{site}/{top}")
+    return list(dict.fromkeys(lines))
+
+
+def _under(path: str, folders: list[str]) -> bool:
+    return any(path == f or path.startswith(f.rstrip("/") + "/") for f in folders)
+
+
+def _well_formed(answer: Any) -> bool:
+    def strings(value: Any) -> bool:
+        return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+    if not isinstance(answer, dict) or not all(strings(answer.get(k)) for k in ("path", "finders", "stdlib",
+                                                                                 "stdlib_names", "sites")):
+        return False
+    modules = answer.get("modules")
+    if not isinstance(modules, list) or not all(isinstance(m, list) and len(m) == 2 and isinstance(m[0], str)
+                                                and (m[1] is None or isinstance(m[1], str)) for m in modules):
+        return False
+    spec = answer.get("spec")
+    if spec is not None and not (isinstance(spec, dict) and (spec.get("origin") is None
+                                                             or isinstance(spec.get("origin"), str))
+                                 and strings(spec.get("locations"))):
+        return False
+    error = answer.get("error")
+    return error is None or isinstance(error, str)
