@@ -58,3 +58,29 @@ def test_a_run_never_sent_sigterm_runs_its_steps(monkeypatch):
     with run.step("commit"):
         pass
     assert [(s.name, s.status) for s in run.steps] == [("commit", "ok")]
+
+
+class _FreedWhileInterrupted:
+    def __del__(self) -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+        total = 0
+        for i in range(10_000):
+            total += i
+
+
+def test_a_ctrl_c_dropped_in_a_finaliser_still_stops_the_next_step(monkeypatch):
+    from dspark_patch.cli import _interrupted
+
+    monkeypatch.setattr(termination, "_received", None)
+    dropped: list[BaseException | None] = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: dropped.append(u.exc_value))
+    run = RunLog.start("apply", TargetReport(kind="image", ref="example"), None)
+    previous = signal.signal(signal.SIGINT, _interrupted)  # as the CLI's main installs it
+    try:
+        _FreedWhileInterrupted()
+        assert [type(e) for e in dropped] == [KeyboardInterrupt]
+        with pytest.raises(SystemExit) as stopped, run.step("tag"):
+            pytest.fail("a step started after the run was interrupted")
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert stopped.value.code == 130  # the CLI says "interrupted; nothing was committed" for it

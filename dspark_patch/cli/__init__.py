@@ -6,12 +6,13 @@ Each command builds a request, hands it to the pipeline, and renders the report 
 
 from __future__ import annotations
 
+import signal
 import sys
 from typing import Annotated, NoReturn
 
 import typer
 
-from .. import __version__
+from .. import __version__, termination
 from ..errors import DsparkPatchError
 from . import apply as apply_cmd
 from . import evaluate as evaluate_cmd
@@ -54,7 +55,17 @@ for module in (apply_cmd, verify_cmd, status_cmd, patches_cmd, port_cmd, report_
     module.register(app)
 
 
+def _interrupted(signum: int, frame: object) -> None:
+    """Ctrl-C as Python's own handler has it (KeyboardInterrupt), and remembered: raised inside
+    a finaliser, the exception is dropped, and the run's next step stops it (termination.py)."""
+    termination.record(signum)
+    raise KeyboardInterrupt
+
+
 def main() -> None:
+    # A SIGINT the shell ignores (a background job) stays ignored.
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _interrupted)
     # Standalone mode: click prints usage errors itself (exit 2) and exits with typer.Exit codes.
     try:
         app()
