@@ -40,6 +40,9 @@ CASES = {
                             "/vllm-workspace/lib/vllm.py"),
     "absolute-pythonpath": (["ENV PYTHONPATH=/opt/shadow", "RUN mkdir -p /opt/shadow && touch /opt/shadow/vllm.py"],
                             "/opt/shadow/vllm.py"),
+    # status takes the package for the vLLM the image runs and finds no dist-info beside it (exit 1)
+    "package-on-pythonpath": (["ENV PYTHONPATH=/opt/pkg", "RUN mkdir -p /opt/pkg/vllm && touch /opt/pkg/vllm/__init__.py"],
+                              "/opt/pkg/vllm"),
     "pythonhome": (["ENV PYTHONHOME=/usr"], "PYTHONHOME=/usr"),
     "debian-sitecustomize": (["RUN echo 'import os' >> /etc/python3.11/sitecustomize.py"],
                              "/usr/lib/python3.11/sitecustomize.py"),
@@ -60,18 +63,22 @@ CASES = {
                                     "&& touch /home/vllm/.local/lib/python3.11/site-packages/usercustomize.py"],
                                    "/home/vllm/.local/lib/python3.11/site-packages/usercustomize.py"),
 }
-# Seen only by asking the image's own python as the image starts it (verify and apply): a `.pth`
-# in another site folder of the interpreter that imports a module there, and one that installs
-# an import finder ahead of the site folders.
+# A `.pth` in another site folder of the interpreter that imports a module there, and one that
+# installs an import finder ahead of the site folders: verify and apply name what the image's
+# own python, started as the image starts it, ran; status names the `.pth`.
 OTHER_SITE = "/usr/lib/python3/dist-packages"
 STARTED_CASES = {
     "pth-in-another-site-folder": ([f"RUN mkdir -p {OTHER_SITE} && echo 'import zz_hook' > {OTHER_SITE}/zz-hook.pth "
                                     f"&& echo 'X = 1' > {OTHER_SITE}/zz_hook.py"],
                                    f"{OTHER_SITE}/zz_hook.py"),
-    "finder-installed-at-start": ([f"RUN mkdir -p {OTHER_SITE} && echo \"import sys; sys.meta_path.insert(0, type('Redirect', (), "
-                                   f"{{'find_spec': staticmethod(lambda *a: None)}})())\" > {OTHER_SITE}/zz-finder.pth"],
+    "finder-installed-at-start": ([f"RUN mkdir -p {OTHER_SITE} && echo \"import sys; sys.meta_path.insert(0, type("
+                                   f"'Redirect', (), {{'find_spec': staticmethod(lambda *a: None)}})())\" "
+                                   f"> {OTHER_SITE}/zz-finder.pth"],
                                   "Redirect: an import finder installed at start"),
 }
+# What status, which runs nothing, names for those: the .pth itself (runtime.py `pth_first`).
+STATUS_NAMES = {"pth-in-another-site-folder": f"{OTHER_SITE}/zz-hook.pth: runs `import zz_hook`",
+                "finder-installed-at-start": f"{OTHER_SITE}/zz-finder.pth: runs `import sys; sys.meta_path"}
 
 
 @pytest.fixture(scope="module")
@@ -100,13 +107,13 @@ def test_both_status_routes_name_what_runs_first(images: dict[str, str]) -> None
               "--json")
     assert res.returncode == 1, res.stdout[-3000:]
     rows = {row["ref"]: row for row in res.json["images"]}
-    for name in CASES:
-        tag = images[name]
+    named = {**{name: path for name, (_, path) in CASES.items()}, **STATUS_NAMES}
+    for name, tag in images.items():
         row = rows[tag]
-        assert row["exit_code"] == 1 and _named(CASES[name][1], row), (name, row)
+        assert row["exit_code"] == 1 and _named(named[name], row), (name, row)
         res = run("status", "--image", tag, "--pull", "never", "--via", "container", "--json")
         assert res.returncode == 1, (name, res.stdout[-2000:])
-        assert _named(CASES[name][1], res.json["images"][0]), (name, res.json["images"][0])
+        assert _named(named[name], res.json["images"][0]), (name, res.json["images"][0])
 
 
 def _named(path: str, row: dict) -> bool:

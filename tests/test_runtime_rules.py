@@ -197,3 +197,58 @@ def test_the_image_python_is_asked_as_the_image_starts_it(config: dict[str, Any]
     stat, read = _image(files)
     start = start_of({"User": "2000", "WorkingDir": "/w", **config}, stat, read, what=f"{SITE}/vllm")
     assert started_argv(start, top="vllm", source="SRC") == argv
+
+
+# --- .pth files of the user site and of the interpreter's other site folders (status) ----------
+OTHER = "/usr/lib/python3/dist-packages"
+SITES = ["/usr/local/lib/python3.11/dist-packages", OTHER, "/usr/lib/python3.11/dist-packages"]
+DISTUTILS_PTH = (b"import os; var = 'SETUPTOOLS_USE_DISTUTILS'; enabled = os.environ.get(var, 'local') == 'local'; "
+                 b"enabled and __import__('_distutils_hack').add_shim(); \n")
+
+
+def _pth_lines(pth: dict[str, dict[str, bytes | None]], extra: dict[str, bytes | None] | None = None,
+               site: str = SITE, sites: list[str] = SITES) -> list[str]:
+    files = {"/usr/local/bin/vllm": SCRIPT, "/usr/bin/python3": b"\x7fELF", "/etc/passwd": PASSWD, **(extra or {})}
+    stat, read = _image(files)
+    return runs_first({"User": "2000", "WorkingDir": "/w", **VLLM_SERVE}, stat, read, site=site, python="3.11",
+                      distribution="vllm", sites=sites, pth_files=lambda folder: pth.get(folder))
+
+
+def test_a_pth_that_imports_in_another_site_folder_is_named():
+    assert _pth_lines({OTHER: {"zz-hook.pth": b"# a hook\n\nimport zz_hook\n"}}) == [
+        f"{OTHER}/zz-hook.pth: runs `import zz_hook` at every start of the image's python "
+        "(a site folder of the image's python)"]
+
+
+def test_a_pth_in_the_user_site_is_named():
+    lines = _pth_lines({USER_SITE: {"x.pth": b"import\tx\n"}})
+    assert lines == [f"{USER_SITE}/x.pth: runs `import x` at every start of the image's python "
+                     "(the image user's site folder)"]
+
+
+def test_known_pth_and_pth_that_only_add_harmless_folders_are_not_named():
+    # setuptools' own .pth (and its own _distutils_hack); a comment; a folder without vLLM;
+    # a path line with leading space is a path, not an import.
+    assert _pth_lines({OTHER: {"distutils-precedence.pth": DISTUTILS_PTH, "c.pth": b"# only a comment\n",
+                               "p.pth": b"extra\n", "s.pth": b" import os\n"}}) == []
+    # Beside setuptools' .pth, a _distutils_hack that is not one setuptools released is named.
+    lines = _pth_lines({OTHER: {"distutils-precedence.pth": DISTUTILS_PTH}},
+                       {f"{OTHER}/_distutils_hack/__init__.py": b"import os\n"})
+    assert lines == [f"{OTHER}/_distutils_hack/__init__.py: not setuptools' own, and {OTHER}/distutils-precedence.pth "
+                     "imports it at every start (a site folder of the image's python)"]
+
+
+def test_a_folder_a_pth_puts_first_is_named_when_it_holds_vllm():
+    shadow = {"/opt/shadow/vllm/__init__.py": b""}
+    # vLLM in the second folder; a .pth in the first puts /opt/shadow before it on sys.path.
+    lines = _pth_lines({SITES[0]: {"s.pth": b"/opt/shadow\n"}}, shadow, site=OTHER)
+    assert lines == [f"/opt/shadow/vllm/__init__.py: imported before {OTHER}/vllm (a folder that "
+                     f"{SITES[0]}/s.pth puts on sys.path)"]
+    # The same .pth in a folder after the checked one appends after it: nothing runs first.
+    assert _pth_lines({SITES[2]: {"s.pth": b"/opt/shadow\n"}}, shadow, site=OTHER) == []
+
+
+def test_a_pth_too_large_to_read_is_not_verified():
+    assert _pth_lines({OTHER: {"big.pth": None}}) == [
+        f"{OTHER}/big.pth: a .pth file too large to read (a site folder of the image's python); what it runs at "
+        "every start is not verified"]

@@ -47,7 +47,7 @@ _MODULE_FILE = re.compile(r"^(?P<name>[^./]+)(?:\..*)?\.(?:py|pyc|so|pyd)$")
 _STARTUP_PACKAGES = ("sitecustomize", "usercustomize", "apport_python_hook", "_distutils_hack")
 _SITECUSTOMIZE = re.compile(r"^(?:etc/python3\.\d+|usr/lib/python3\.\d+)/sitecustomize\.py$")
 
-__all__ = ["Entry", "LayerView", "find_site", "folder_view", "merge_scans", "site_files", "status_keep",
+__all__ = ["Entry", "LayerView", "find_site", "folder_view", "merge_scans", "pth_in", "site_files", "status_keep",
            "status_keep_identity"]
 
 
@@ -176,11 +176,22 @@ def find_site(view: LayerView, distribution: str, config: Mapping[str, Any], ref
                              "(METADATA, RECORD)",
                              hint="the package was not installed as a distribution; nothing to check it against")
     first = runs_first(config, view.stat, read_small, site=site, python=found.python or chosen.python,
-                       distribution=distribution)
+                       distribution=distribution, sites=chosen.sites, pth_files=lambda folder: pth_in(view, folder))
     if first:
         raise runs_first_message(ref, distribution, first)
     others = tuple(s for s in everywhere(view, distribution) if view.resolve(s) != view.resolve(site))
     return replace(found, python=found.python or chosen.python, unimported=others)
+
+
+def pth_in(view: LayerView, folder: str) -> dict[str, bytes | None] | None:
+    """The `.pth` files right in `folder` (absolute) by name, their bytes as kept (None: over the
+    cap, or not a regular file); None when the view has no such folder."""
+    real = view.resolve(folder)
+    entry = view.entries.get(real)
+    if entry is None or entry.kind != "dir":
+        return None
+    return {rel: (e.data if e.kind == "file" and not e.too_large else None) for rel, e in view.below(real)
+            if "/" not in rel and rel.endswith(".pth") and e.kind != "dir"}
 
 
 def site_files(view: LayerView, distribution: str, site: str) -> SiteFiles | None:

@@ -24,15 +24,20 @@ Stdlib-free of the engine: `stat` and `read_small` are the caller's.
 
 from __future__ import annotations
 
+import hashlib
 import posixpath
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..references import DISTUTILS_HACK, KNOWN_DISTUTILS_HACK, KNOWN_PTH
 from . import interpreter as interp
 from .imageconfig import image_argv, image_env, is_dir, is_link, search_dirs
 
 ReadSmall = Callable[[str], "bytes | None"]
+# A folder's `.pth` files by name (None: too large or not a regular file, so not read); None when
+# there is no such folder.
+PthFiles = Callable[[str], "Mapping[str, bytes | None] | None"]
 # Debian's /etc/python3.X/sitecustomize.py (bookworm's 3.11, trixie's 3.13): the apport hook.
 _DEBIAN_SITECUSTOMIZE_TEXT = (b"# install the apport exception handler if available\ntry:\n    import apport_python_hook\n"
                               b"except ImportError:\n    pass\nelse:\n    apport_python_hook.install()\n")
@@ -199,9 +204,16 @@ def start_of(config: Mapping[str, Any], stat: interp.Stat, read_small: ReadSmall
 
 
 def runs_first(config: Mapping[str, Any], stat: interp.Stat, read_small: ReadSmall, *, site: str,
-               python: str | None, distribution: str) -> list[str]:
+               python: str | None, distribution: str, sites: Sequence[str] = (),
+               pth_files: PthFiles | None = None) -> list[str]:
     """One line for each thing the image, started as configured, runs before or instead of the
-    distribution read at `site` (module doc). Empty: nothing the config and the files show."""
+    distribution read at `site` (module doc). Empty: nothing the config and the files show.
+
+    With `pth_files` (status, which reads layers or path stats and runs nothing), also the `.pth`
+    files of the user site and of the interpreter's other site folders `sites` (in sys.path
+    order, `site` among them): `site` runs their `import` lines at every start, and their other
+    lines add folders to sys.path (`pth_first`). verify and apply ask the image's own python
+    instead (`judge_started`)."""
     top = distribution.replace("-", "_").lower()
     workdir = str(config.get("WorkingDir") or "/")
     start = start_of(config, stat, read_small, what=f"{site}/{top}")
@@ -224,6 +236,9 @@ def runs_first(config: Mapping[str, Any], stat: interp.Stat, read_small: ReadSma
         base = env.get("PYTHONUSERBASE") if not ignore_env and env.get("PYTHONUSERBASE") else \
             posixpath.join(_home(config, env, read_small), ".local")
         places.append((f"{base}/lib/python{python}/site-packages", "the image user's site folder"))
+        user_site = posixpath.normpath(places[-1][0])
+    else:
+        user_site = None
     real_site = posixpath.normpath(site)
     for folder, why in places:
         folder = posixpath.normpath(folder)
@@ -236,6 +251,8 @@ def runs_first(config: Mapping[str, Any], stat: interp.Stat, read_small: ReadSma
             continue
         for path in _holders(folder, top, python, stat):
             lines.append(f"{path}: imported before {site}/{top} ({why})")
+    if pth_files is not None:
+        lines += pth_first(sites, user_site, pth_files, stat, read_small, site=real_site, top=top, python=python)
     if python:
         stdlib = f"/usr/lib/python{python}/sitecustomize.py"
         found = stat(stdlib)
@@ -252,6 +269,50 @@ def runs_first(config: Mapping[str, Any], stat: interp.Stat, read_small: ReadSma
                             lines.append(f"{folder}/{name}: Debian's sitecustomize imports it at every start (-I too)")
     return list(dict.fromkeys(lines))
 
+
+
+def pth_first(sites: Sequence[str], user_site: str | None, pth_files: PthFiles, stat: interp.Stat,
+              read_small: ReadSmall, *, site: str, top: str, python: str | None) -> list[str]:
+    """What the `.pth` files of the user site and of the other site folders do at start, as
+    `site.addpackage` reads them: a line that starts with `import ` runs (named, unless the file
+    is one known by content); any other line adds a folder to sys.path, named when it holds
+    what `import top` would take and the `.pth`'s folder comes before `site` (the user site
+    always does). A `.pth` too large to read is named too: it is not read as clean. Beside a
+    known setuptools `.pth`, the `_distutils_hack` it imports must be one setuptools released."""
+    order = [posixpath.normpath(s) for s in sites]
+    folders: list[tuple[str, str, bool]] = []
+    if user_site is not None:
+        folders.append((user_site, "the image user's site folder", True))
+    before = order.index(site) if site in order else len(order)
+    folders += [(folder, "a site folder of the image's python", i < before)
+                for i, folder in enumerate(order) if folder != site and folder != user_site]
+    lines: list[str] = []
+    for folder, why, first in dict.fromkeys(folders):
+        for name, data in sorted((pth_files(folder) or {}).items()):
+            path = f"{folder}/{name}"
+            if data is None:
+                lines.append(f"{path}: a .pth file too large to read ({why}); what it runs at every start is not verified")
+                continue
+            if hashlib.sha256(data).hexdigest() in KNOWN_PTH.get(name, ()):
+                hack = f"{folder}/{DISTUTILS_HACK}"
+                if stat(hack) is not None:
+                    text = read_small(hack)
+                    if text is None or hashlib.sha256(text).hexdigest() not in KNOWN_DISTUTILS_HACK:
+                        lines.append(f"{hack}: not setuptools' own, and {path} imports it at every start ({why})")
+                continue
+            for raw in data.decode("utf-8", "replace").splitlines():
+                if raw.startswith("#") or not raw.strip():
+                    continue
+                if raw.startswith(("import ", "import\t")):
+                    text = raw.replace("\t", " ")
+                    shown = text if len(text) <= 60 else text[:57] + "..."
+                    lines.append(f"{path}: runs `{shown}` at every start of the image's python ({why})")
+                    break
+                added = posixpath.normpath(posixpath.join(folder, raw.rstrip()))
+                if first and added != site:
+                    lines += [f"{found}: imported before {site}/{top} (a folder that {path} puts on sys.path)"
+                              for found in _holders(added, top, python, stat)]
+    return lines
 
 
 # The finders CPython installs, and the one setuptools' distutils-precedence.pth adds at start.

@@ -52,7 +52,7 @@ from ...errors import (
 )
 from ...references.installer import SCRIPT_CAP
 from .. import imageconfig, interpreter
-from ..layerfs import folder_view, merge_scans, site_files, status_keep
+from ..layerfs import folder_view, merge_scans, pth_in, site_files, status_keep
 from ..layers import LayerScan, LayerView, TarStream, scan_layer
 from ..layers.cache import ScanCache
 from ..layers.tarstream import BLOCK
@@ -221,7 +221,8 @@ class ImageReader:
         chosen, site = choose_site(self.ref, distribution, paths, holds, everywhere)
         found = self._read(site, distribution, keep)
         first = runs_first(self._config, self.stat, self.read_small, site=site, python=found.python or chosen.python,
-                           distribution=distribution)
+                           distribution=distribution, sites=chosen.sites,
+                           pth_files=lambda folder: self._pth_files(folder, distribution))
         if first:
             raise runs_first_message(self.ref, distribution, first)
         others = tuple(s for s in everywhere() if s != site)
@@ -242,6 +243,19 @@ class ImageReader:
         # The folder's tar holds no console script outside it: each is read through the engine.
         scripts = {row: self._script(posixpath.normpath(posixpath.join(real, row))) for row in found.scripts}
         return replace(found, location=site, scripts=scripts)
+
+    def _pth_files(self, folder: str, distribution: str) -> dict[str, bytes | None] | None:
+        """The `.pth` files right in another site folder (targets/runtime.py `pth_first`), from
+        the engine's tar of that folder, read by the strict reader as the site folder is."""
+        stat = self.stat(folder)
+        if stat is None:
+            return None
+        real = str(stat.get("linkTarget") or folder) if imageconfig.is_link(stat) else folder
+        if not imageconfig.is_dir(self.stat(real)):
+            return None
+        view = folder_view(self._chunks(real), folder=real, distribution=distribution,
+                           where=f"the engine's tar of {real} in image {self.ref}")
+        return pth_in(view, real)
 
     def _script(self, path: str) -> bytes | str | None:
         """A console script as the engine's path-stat and archive give it (references.ScriptBytes)."""
