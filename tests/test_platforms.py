@@ -10,14 +10,20 @@ shared machine, so the index and the patched index are made once per module.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import docker
 import pytest
 
+from dspark_patch.pipeline.index_run import platform_tag
 from dspark_patch.registry.index import Registry, parse_index
+from dspark_patch.registry.platform_select import Platform
 from dspark_patch.report.render import read_report
 from tests.support.cli import run
+from tests.support.images import fixture_image
 from tests.support.index import INDEX_ANNOTATIONS, PLATFORMS, PublishedIndex, fixture_index, remove_images_from
 
 AMD64, ARM64 = "linux/amd64", "linux/arm64/v8"
@@ -156,3 +162,57 @@ def test_default_is_the_engines_platform_with_a_note_naming_the_others(index, tm
 def test_platform_on_a_local_tree_is_bad_input(tmp_path: Path):
     result = run("probe", "--root", str(tmp_path), "--platform", "linux/amd64")
     assert "--platform is for --image" in result.assert_clean_error(2)
+
+
+# The real CLI, with one thing added once the report set is written and before anything is
+# named: another run takes the arm64 image's name (as a second CI job would).
+TAKES_A_NAME = r"""
+import sys
+import docker
+import dspark_patch.cli.common as common
+
+name, image = sys.argv[1], sys.argv[2]
+written = common.write_reports
+
+def write_then_take(report, folder, junit):
+    written(report, folder, junit)
+    if report.exit_code == 0:
+        repository, tag = name.rsplit(":", 1)
+        docker.from_env().images.get(image).tag(repository, tag)
+
+common.write_reports = write_then_take
+sys.argv = ["dspark-patch", *sys.argv[3:]]
+from dspark_patch.cli import main
+main()
+"""
+
+
+def test_a_name_taken_while_an_index_run_names_its_images_takes_back_every_name(index, tmp_path):
+    client = docker.from_env()
+    tag = index.ref.rsplit(":", 1)[0] + ":taken-" + tmp_path.name[-8:].replace("_", "")
+    amd64, arm64 = (platform_tag(tag, Platform.parse(p)) for p in (AMD64, ARM64))
+    taker = client.images.get(fixture_image()).id  # the image another run names arm64's tag
+    results = {"label": "io.github.dspark-patch.report.sha256"}  # every result image carries it
+    before = {i.id for i in client.images.list(filters=results)}
+    done = subprocess.run([sys.executable, "-c", TAKES_A_NAME, arm64, taker, "apply", "--image", index.ref,
+                           "--platform", "all", "--tag", tag, "--no-probe", "--report-dir", str(tmp_path / "r")],
+                          capture_output=True, text=True, timeout=1500)
+    try:
+        assert done.returncode == 2, done.stderr[-3000:]
+        line = done.stderr.strip().splitlines()[-1]
+        assert line.startswith("dspark-patch: error:") and arm64 in line, line
+        # The run's own name is taken back, the other run's stays, and no image of this run is left.
+        with pytest.raises(docker.errors.ImageNotFound):
+            client.images.get(amd64)
+        assert client.images.get(arm64).id == taker
+        assert {i.id for i in client.images.list(filters=results)} - before == set()
+        audit = json.loads((tmp_path / "r" / "audit.json").read_text())
+        assert audit["status"] == "failed" and audit["errors"][0]["kind"] == "tag-race"
+        assert [p["report"]["result_image"] for p in audit["platforms"]] == [None, None]
+        assert any(amd64 in note for note in audit["notes"]), audit["notes"]
+    finally:
+        for name in (amd64, arm64):
+            try:
+                client.images.remove(name)
+            except docker.errors.ImageNotFound:
+                pass

@@ -35,10 +35,11 @@ Single = Callable[..., AuditReport]
 
 def apply(request: ApplyRequest, *, on_step: StepCallback | None = None,
           on_pull: PullCallback | None = None, on_result: ResultCallback | None = None) -> AuditReport:
-    """`on_result`: called with the report before a tagged result is named (runlog.ResultCallback);
-    the platform images of an index are tagged by the index run, which does not call it."""
+    """`on_result`: called with the report before a tagged result is named (runlog.ResultCallback):
+    for an index, once, with the whole run's report, before the first platform image is named."""
     if request.sign_key is None:
-        return _dispatch("apply", request, partial(commands.apply, on_pull=on_pull, on_result=on_result), on_step)
+        return _dispatch("apply", request, partial(commands.apply, on_pull=on_pull, on_result=on_result), on_step,
+                         on_result)
     from pathlib import Path
 
     from ..attest.dsse import load_signer
@@ -49,7 +50,8 @@ def apply(request: ApplyRequest, *, on_step: StepCallback | None = None,
         signer = load_signer(Path(request.sign_key), allow_open=request.allow_open_key)
     except DsparkPatchError as exc:
         return RunLog.start("apply", target_report(request.target), on_step).report("failed", exc)
-    report = _dispatch("apply", request, partial(commands.apply, on_pull=on_pull, on_result=on_result), on_step)
+    report = _dispatch("apply", request, partial(commands.apply, on_pull=on_pull, on_result=on_result), on_step,
+                       on_result)
     return sign_and_attach(report, signer, on_step)
 
 
@@ -82,7 +84,8 @@ def platform_tag(tag: str, platform: Platform) -> str:
     return str(ref.with_tag(result))
 
 
-def _dispatch(command: Command, request: Request, single: Single, on_step: StepCallback | None) -> AuditReport:
+def _dispatch(command: Command, request: Request, single: Single, on_step: StepCallback | None,
+              on_result: ResultCallback | None = None) -> AuditReport:
     spec = request.target
     if not isinstance(spec, ImageSpec):
         return single(request, on_step=on_step)
@@ -101,7 +104,8 @@ def _dispatch(command: Command, request: Request, single: Single, on_step: StepC
         return run.report("failed", exc)
     if index is None:
         return single(request, on_step=on_step)
-    flow = _IndexRun(command=command, request=request, spec=spec, index=index, single=single, run=run)
+    flow = _IndexRun(command=command, request=request, spec=spec, index=index, single=single, run=run,
+                     on_result=on_result)
     try:
         return flow.execute()
     except DsparkPatchError as exc:
@@ -162,6 +166,7 @@ class _IndexRun:
     index: ImageIndex
     single: Single
     run: RunLog
+    on_result: ResultCallback | None = None
 
     def execute(self) -> AuditReport:
         run, spec, index = self.run, self.spec, self.index
@@ -269,14 +274,35 @@ class _IndexRun:
         return kept
 
     def _tag(self, store: ImageStore, reports: list[PlatformReport], tags: dict[Platform, str]) -> list[PlatformReport]:
+        """Every platform image named, or none: the report set is written first (as it reads
+        once they are named); a name that fails (another run took it meanwhile) takes back the
+        names this run set and removes the images it made, and the run fails."""
         tagged = []
-        with self.run.step("tag"):
-            for r in reports:
-                image = r.report.result_image or r.report.target.image
-                assert image is not None  # an applied or already-applied image run names its result
-                tag = tags[Platform.parse(r.platform)]
-                store.tag(image.id, tag, force=self.spec.force)
-                tagged.append(replace(r, report=replace(r.report, result_image=ImageRecord(ref=tag, id=image.id))))
+        for r in reports:
+            image = r.report.result_image or r.report.target.image
+            assert image is not None  # an applied or already-applied image run names its result
+            tag = tags[Platform.parse(r.platform)]
+            tagged.append(replace(r, report=replace(r.report, result_image=ImageRecord(ref=tag, id=image.id))))
+        named: list[str] = []
+        try:
+            if self.on_result is not None:
+                self.run.update(platforms=tuple(tagged))
+                try:
+                    self.on_result(self.finish())
+                finally:
+                    self.run.update(platforms=tuple(reports))
+            with self.run.step("tag"):
+                for r in tagged:
+                    assert r.report.result_image is not None
+                    store.tag(r.report.result_image.id, r.report.result_image.ref, force=self.spec.force)
+                    named.append(r.report.result_image.ref)
+        except BaseException:
+            for tag in named:  # the name goes, and a new image with it (a source image keeps its own)
+                store.remove_image(tag)
+            self.run.update(platforms=tuple(self._discard(store, reports)))
+            if named:
+                self.run.notes.append(f"took back the names this run had set: {', '.join(named)}")
+            raise
         return tagged
 
     def _publish(self, store: ImageStore, reports: list[PlatformReport], tags: dict[Platform, str], index_tag: str) -> None:
