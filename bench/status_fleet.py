@@ -5,11 +5,11 @@ vLLM module edited), so all five are distinct images of the same size that share
 layers, as tags of one serving image do. Prints the wall time of `status` for one image and
 for the fleet (--jobs 5), side by side, and their ratio (aim: under 2x), alternating rounds,
 for each route with a cold layer-scan cache (a fresh DSPARK_PATCH_CACHE each run) and, for the
-routes that use it (auto, layers), with a warm one (issue 19 item 4).
+routes that use it (auto, layers), with a warm one.
 
 With `--big`: also the fixture against `big` (the fixture on a ~3 GB, ~103,000-file lower
 layer, `scripts/build-images --big`, built once), on the default route and `--via layers`, cold
-and warm (aim: big / small at most 1.15x; issue 19 item 5), and beside them the engine's own
+and warm (aim: big / small at most 1.15x), and beside them the engine's own
 `docker save` of each image into a pipe: what `--via layers` must read when a layer of the image
 is not in the scan cache yet (dockerd has no call that exports one layer), so its cold figure is
 that floor, once per layer; the warm figures say whether anything else grows with the image.

@@ -1,4 +1,4 @@
-"""Hostile images through `apply` on the real engine (issue 16, classes 2, 3, 10).
+"""Hostile images through `apply` on the real engine (docs/status.md: tar differentials, decoy site folder, the new layer's check).
 
 Each image is the real 0.33.0 fixture's layers (the engine holds them) plus one layer written by
 the test. `apply` must refuse it: exit 1 and one line, before anything is written; nothing tagged,

@@ -1,4 +1,4 @@
-"""Hostile image indexes (issue 16, class 11) and bounded registry answers.
+"""Hostile image indexes (docs/status.md: index publishing) and bounded registry answers.
 
 - A platform listed twice (two images for linux/amd64) is refused, exit 2 naming both digests,
   by apply, verify, probe and status, in a real loopback registry (Debian's docker-registry)

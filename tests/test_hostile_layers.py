@@ -1,4 +1,4 @@
-"""Hostile images (issue 16, classes 1, 2, 3, 6, 9, 10), written by the tests themselves.
+"""Hostile images (docs/status.md: symlink over a folder, tar differentials, decoy site folder, unclean names, resource exhaustion, the new layer's check), written by the tests themselves.
 
 Each image is a real vLLM 0.33.0 tree (patched with the real patch set, so the honest reading is
 `applied`) laid into hand-written layers, plus one hostile twist. The twist must never leave the

@@ -1,5 +1,5 @@
 """Integrity against the published wheel, bytecode proven, nothing of the target run on the host,
-bad data a clean error (issue 16, classes 4, 5, 7, 8 and 9's RECORD/FIFO part).
+bad data a clean error (docs/status.md: forged bytecode, self-attested integrity, target code on the host, malformed RECORD rows, and resource exhaustion's RECORD/FIFO part).
 
 Hostile trees are real vLLM 0.33.0 installs (hard-linked copies of the cached `pip install
 --target`) changed by the test; hostile images are built FROM the fixture by a Dockerfile.

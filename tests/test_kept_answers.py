@@ -1,4 +1,4 @@
-"""An image's answers to read-only checks, kept by image id (targets/kept.py, issue 19):
+"""An image's answers to read-only checks, kept by image id (targets/kept.py):
 a second check of one image runs neither locate nor the integrity walk again and says so;
 another image (another id) never gets them; a damaged entry is asked again; nothing is kept
 once the work container was written into."""

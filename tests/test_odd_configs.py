@@ -1,4 +1,4 @@
-"""Odd but valid image configs (issue 16, class 12) are patched with every field kept.
+"""Odd but valid image configs (docs/status.md: odd but valid configs) are patched with every field kept.
 
 The OCI image spec makes `created` (of the image and of each history entry), `history` and
 `config` optional; reproducible-build tools leave `created` out. Each source here is the real

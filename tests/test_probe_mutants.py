@@ -1,7 +1,7 @@
 """`dspark-patch probe` alone (no hash checks) kills each class of broken variant.
 
 Every mutant is a correctly patched real vLLM 0.33.0 tree (applied through the CLI) with one
-textual edit of the kind issue 12 lists; the probe must exit 1 and name the promise that
+textual edit of the kind a careless port makes; the probe must exit 1 and name the promise that
 broke. The correct tree must exit 0. The probes run a few at a time: each is a subprocess
 that imports torch and walks the whole tree.
 """

@@ -31,7 +31,7 @@ def unimported_copies(target: ImageCapable, dist: Distribution, run: RunLog) -> 
 
     Not what runs today, but what makes the image's later audits ambiguous: a decoy that a
     reader ranking site folders takes for the answer, a stale install that a changed entrypoint
-    or PYTHONPATH would run (issue 16, class 3). `apply` refuses such an image, `verify` fails it."""
+    or PYTHONPATH would run (docs/status.md: decoy site folder). `apply` refuses such an image, `verify` fails it."""
     with run.step("other copies"):
         others = target.unimported(dist.name)
     if not others:
@@ -72,7 +72,7 @@ def refuse_unimported(target: ImageCapable, dist: Distribution, run: RunLog) -> 
 
 
 class LayerCheck:
-    """`apply`: the source image's layers through the strict layer reader (issue 16, class 2),
+    """`apply`: the source image's layers through the strict layer reader (docs/status.md: tar differentials),
     started when the distribution is located and joined before the commit (or the tag, or the
     end of a dry run), so that a save overlaps the base check, the write, compile and probe.
 
@@ -164,7 +164,7 @@ def layer_changes(plan: PatchPlan, dist: Distribution, entries: Sequence[LayerEn
     planned = {f"{dist.location}/{fp.path}": fp.post_sha256 for fp in plan.files if fp.post is not None}
     expected = expected_layer(plan, dist)
     # A whiteout only for a file the plan deletes (or its bytecode): one of a folder above a
-    # patched file (the whole dist-packages) would hide far more than the patch (issue 16, class 10).
+    # patched file (the whole dist-packages) would hide far more than the patch (docs/status.md: the new layer's check).
     removals = {f"{dist.location}/{path}" for path in deleted}
     unexpected = tuple(c for c, e in zip(changes, entries, strict=True)
                        if c.path not in expected or (c.path in planned and e.sha256 != planned[c.path])

@@ -176,7 +176,7 @@ def check_cases(report: AuditReport) -> list[CheckCase]:
             )
         )
 
-    # Our labels carry each post-image hash (issue 4): a label set that lacks one would let
+    # Our labels carry each post-image hash (docs/design.md, labels): a label set that lacks one would let
     # an admission policy trust an image whose files it does not describe.
     posted = [f for f in report.files if f.post_sha256]
     if report.labels and posted:

@@ -1,4 +1,4 @@
-"""`status --via registry`: images read straight from their registry, no engine (issue 21).
+"""`status --via registry`: images read straight from their registry, no engine.
 
 For each reference: the manifest it names (an index: each of its platforms, or those
 `--platform` selects), the config, then each layer streamed through the same strict layer

@@ -1,5 +1,5 @@
 """Answers an image gave to a read-only check, kept on this machine by image id:
-`$DSPARK_PATCH_CACHE/answers/<sha256 of the key>` (issue 19: apply against the hand-made floor).
+`$DSPARK_PATCH_CACHE/answers/<sha256 of the key>` (what makes a repeated apply as cheap as a hand-made build).
 
 An image id is the digest of the image's config, and the config names every layer by the digest
 of its uncompressed bytes (diff_id): a container made from that id holds the same files every

@@ -1,7 +1,7 @@
 """Which site folders an image's interpreters import from, derived without running them.
 
 Both routes of `status` use this (a merged layer view and a never-started container answer the
-same `stat`/`read_head`/`read_small` questions), so both find the same folder (issue 16, class 3).
+same `stat`/`read_head`/`read_small` questions), so both find the same folder (docs/status.md: decoy site folder).
 The interpreters are the ones `targets/interpreter.py` finds for `apply` (entrypoint's
 first, then VIRTUAL_ENV, PATH, the usual roots); for each, `sys.path` is derived as CPython's
 `getpath` and `site` build it:

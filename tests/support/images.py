@@ -58,7 +58,7 @@ def base_image() -> str:
     return built_images()["base"]
 
 
-# --- image shapes (issue 10); see images/<name>/Dockerfile for what each one stands for -------
+# --- image shapes (docs/testing.md); see images/<name>/Dockerfile for what each one stands for -------
 
 def trixie_venv_image() -> str:
     """Root, Debian trixie / Python 3.13, Debian's torch, vLLM in /opt/venv (not on PATH)."""
@@ -84,7 +84,7 @@ SHAPES = ("trixie-venv", "two-pythons", "non-writable", "no-shell")
 
 
 def fixture_032_image() -> str:
-    """The serving image with the real vLLM 0.32.0 wheel and CPU torch (issue 18)."""
+    """The serving image with the real vLLM 0.32.0 wheel and CPU torch."""
     return built_images()["vllm-fixture-0.32.0"]
 
 

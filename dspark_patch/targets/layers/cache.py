@@ -1,4 +1,4 @@
-"""Layer scans kept on disk by the layer's uncompressed digest (its diff_id), issue 21/19.
+"""Layer scans kept on disk by the layer's uncompressed digest (its diff_id): what makes `status` of a fleet cheap.
 
 What is kept is a `LayerScan` (the members the status predicate keeps, with their hashes and
 small bytes, every symlink, the whiteouts and opaque folders, one key per member), never the

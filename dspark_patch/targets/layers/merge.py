@@ -7,7 +7,7 @@
   contents, as overlayfs merges folders); a non-folder — file, symlink, device, whether the
   predicate kept it or not — hides everything below its path;
 then the layer's own kept entries land. Each pass is O(entries × depth) set lookups, so a merge
-of L layers is O(L × entries × depth), whatever the whiteouts (issue 16, class 9).
+of L layers is O(L × entries × depth), whatever the whiteouts (docs/status.md: resource exhaustion).
 
 `LayerView.resolve` follows symlinks in every component as the kernel does inside a chroot:
 absolute targets start at the image's root, `..` stops at the root, 40 links at most.

@@ -6,7 +6,7 @@ any path, so none may be dropped), the layer's whiteouts and opaque folders, and
 word per member (`present`: a path's hash -> is it a folder) so that a member the predicate did
 not keep can still hide what lower layers hold under it. No names or headers of the other
 members are kept. A scan depends only on the layer's bytes and the predicate, so a registry
-route can cache it by layer digest (issue 21); `present` uses Python's per-process `hash`, so a
+route can cache it by layer digest (targets/layers/cache.py); `present` uses Python's per-process `hash`, so a
 cache that outlives the process must rebuild it (or switch to a stable digest).
 
 Inside one layer the engine's unpacking is followed (moby `archive.UnpackLayer`, containerd

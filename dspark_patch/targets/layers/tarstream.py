@@ -2,7 +2,7 @@
 `tarfile` read alike, and nothing else.
 
 Why our own parser instead of `tarfile`: a layer is hostile input, and the two readers differ on
-bytes an attacker chooses (issue 16, class 2). `tarfile` stops silently on a bad header, cuts a
+bytes an attacker chooses (docs/status.md: tar differentials). `tarfile` stops silently on a bad header, cuts a
 numeric field at its first NUL (Go trims NULs and spaces at both ends, so a size of
 `"\\0" + "0000001000"` is 0 for one and 512 for the other: the second reader sees a hidden header),
 joins a V7 header's prefix field that Go ignores, lets a global PAX header or a PAX path plus a GNU
