@@ -304,8 +304,8 @@ def pth_first(sites: Sequence[str], user_site: str | None, pth_files: PthFiles, 
                 if raw.startswith("#") or not raw.strip():
                     continue
                 if raw.startswith(("import ", "import\t")):
-                    text = raw.replace("\t", " ")
-                    shown = text if len(text) <= 60 else text[:57] + "..."
+                    flat = raw.replace("\t", " ")
+                    shown = flat if len(flat) <= 60 else flat[:57] + "..."
                     lines.append(f"{path}: runs `{shown}` at every start of the image's python ({why})")
                     break
                 added = posixpath.normpath(posixpath.join(folder, raw.rstrip()))
