@@ -37,7 +37,8 @@ def test_the_probe_on_a_root_tree_sees_no_secret_of_the_job(vllm033_tree: Path, 
     assert {"PATH", "LC_ALL", "CUDA_VISIBLE_DEVICES"} <= seen
     assert all(value not in res.stdout for value in ("planted-1", "planted-2", "planted-3"))
     # The report names the probe's code and where it ran, in audit.json and audit.md.
-    assert probe["source"].startswith(f"{patch_set / 'probe.py'} (sha256 ")
+    # (named inside the patch set's folder, the same wherever the checkout is: docs/evidence.md)
+    assert probe["source"].startswith("probe.py (sha256 ")
     assert probe["ran_in"].startswith(f"this host's {PY}, its environment reduced to PATH")
     saved = json.loads((tmp_path / "r" / "audit.json").read_text())
     assert saved["probe"]["ran_in"] == probe["ran_in"]

@@ -134,10 +134,18 @@ def run_probe(target: Target, dist: Distribution, probe: Path, *, modules: tuple
     result = early.go(dist, args, timeout=timeout) if early is not None else None
     if result is None:
         result = target.run_python(source, args, env=_PROBE_ENV, timeout=timeout)
-    files = ", ".join(str(p) for p in (probe, *modules))
+    # Named inside the patch set's folder: the same on every machine, wherever the checkout is.
+    files = ", ".join(_inside(p, probe.parent) for p in (probe, *modules))
     digest = hashlib.sha256(source.encode("utf-8", "surrogateescape")).hexdigest()
     return replace(_verdict(result, probe, dist, timeout), source=f"{files} (sha256 {digest[:16]}…)",
                    ran_in=_where(target, dist))
+
+
+def _inside(path: Path, folder: Path) -> str:
+    try:
+        return path.relative_to(folder).as_posix()
+    except ValueError:
+        return path.name
 
 
 def _where(target: Target, dist: Distribution) -> str:
