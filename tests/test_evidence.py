@@ -3,6 +3,7 @@ home folder, no host environment, no checkout location, in any report file a com
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 from pathlib import Path
@@ -69,3 +70,29 @@ def test_no_canary_reaches_any_report_of_apply_verify_and_status(vllm033_tree: P
     written = _written(reports)
     assert "CANARY7" not in written
     assert '"source": "vllm-0.33.0.patch"' in (reports / "apply" / "audit.json").read_text()
+
+
+def test_no_canary_reaches_what_port_writes_into_the_patch_set(tmp_path: Path) -> None:
+    # What port writes into the patch set (the variant, its review, its census, patch.toml) is
+    # committed and published with it: nothing of the host, the checkout's location or the work
+    # folder's may be in it, nor in what --json prints.
+    from tests.support import vllm
+
+    home = tmp_path / "CANARY7-home"
+    checkout = home / "CANARY7-checkout" / "vllm-math-positive-divisor"
+    shutil.copytree(Path(__file__).parent / "data" / "patchsets" / "vllm-math-positive-divisor", checkout)
+    before = {p.name for p in checkout.iterdir()}
+    res = run("port", "--patch", str(checkout), "--to", "0.32.0", "--wheel", str(vllm.wheel("0.32.0")),
+              "--work", str(home / "CANARY7-work"), "--python", PY, "--json",
+              env={"HOME": str(home), "SECRET_TOKEN": "CANARY7-env-value", "HF_TOKEN": "hf_CANARY7_token"})
+    assert res.returncode == 0, res.stderr
+    assert {p.name for p in checkout.iterdir()} - before >= {"vllm-0.32.0.patch", "vllm-0.32.0.review.md"}
+    assert "CANARY7" not in _written(checkout)
+    # --json says where port wrote what a person reads or edits next, under the folders as
+    # given (the user's own arguments, as evaluate's report_dir), and nothing else of the host.
+    printed = json.loads(res.stdout)
+    work = str(home / "CANARY7-work")
+    assert printed.pop("work") == work and printed.pop("review_path").startswith(work + "/")
+    assert printed.pop("diff_path") == str(checkout / "vllm-0.32.0.patch")
+    assert all(f.pop("work_file").startswith(work + "/") for f in printed["files"]) and printed["files"]
+    assert "CANARY7" not in json.dumps(printed)
