@@ -158,8 +158,8 @@ def test_a_kill_while_writing_is_rolled_back_by_the_next_run(point: tuple[str, s
         assert "interrupted before it had replaced any file; removed 1 temporary file" in said
 
 
-def test_a_half_patched_tree_is_named_by_verify_and_refused_by_a_dry_run(half_patched_tree: Path, held: Held,
-                                                                        tmp_path: Path) -> None:
+def test_a_half_patched_tree_is_named_by_verify_and_status_and_refused_by_a_dry_run(
+        half_patched_tree: Path, held: Held, tmp_path: Path) -> None:
     tree = half_patched_tree
     before = hashes(tree)
     assert before[ENVS] == POST[ENVS] and before != POST
@@ -172,7 +172,14 @@ def test_a_half_patched_tree_is_named_by_verify_and_refused_by_a_dry_run(half_pa
     res = run(*apply_args(tree, held, tmp_path / "dry", "--dry-run"))
     line = res.assert_clean_error(1)
     assert "interrupted" in line and "without --dry-run" in line
-    assert hashes(tree) == before and (tree / JOURNAL).exists()  # neither wrote anything
+
+    # status: the tree's row is that (exit 1), never a verdict read off files in flux.
+    res = run("status", "--root", str(tree), "--json", "--report-dir", str(tmp_path / "status"))
+    assert res.returncode == 1, res.stderr
+    row = res.json["images"][0]
+    assert row["exit_code"] == 1 and "interrupted and is not finished" in row["error"] and JOURNAL in row["error"]
+    assert row["patch_sets"] == {}
+    assert hashes(tree) == before and (tree / JOURNAL).exists()  # none of them wrote anything
 
 
 # --- a kill once every file is written: never OK without a probe ---------------------------------
@@ -188,6 +195,9 @@ def test_a_kill_during_the_probe_is_not_taken_for_a_probed_tree(vllm033_tree: Pa
 
     kill_in_probe(tree, held, tmp_path / "killed")
     assert hashes(tree) == POST and (tree / JOURNAL).exists() and not (tree / RECORD).exists()
+    # Every post-image is in place, never probed: status does not call that applied (exit 0).
+    res = run("status", "--root", str(tree), "--json", "--report-dir", str(tmp_path / "status"))
+    assert res.returncode == 1 and "interrupted and is not finished" in res.json["images"][0]["error"], res.stdout
 
     held.verdict("missing")
     res, audit = apply(tree, held, tmp_path / "again")

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from .. import __version__
-from ..errors import BadInput, DsparkPatchError, EngineUnreachable, EnvironmentProblem, TargetNotFound
+from ..errors import BadInput, DsparkPatchError, EngineUnreachable, EnvironmentProblem, TargetNotFound, UnfinishedApply
 from ..imageref import ImageRef
 from ..patchset import PatchSet, available
 from ..registry.index import check_before_pull
@@ -104,6 +104,18 @@ def _error_row(ref: str, exc: DsparkPatchError, **extra: str | None) -> ImageSta
     return ImageStatus(ref=ref, error=exc.line(), exit_code=code, **extra)  # type: ignore[arg-type]
 
 
+def _refuse_unfinished(root: Path) -> None:
+    """A tree an apply was killed in the middle of: its files say nothing settled (some
+    renamed, some not; compiled and probed or not) until the next apply finishes or undoes it
+    from its journal (targets/journal.py), so the row is that, exit 1, as verify says it."""
+    from ..targets import journal
+
+    if root.is_dir() and journal.exists(root):
+        raise UnfinishedApply(f"--root {root}: an apply of this tree was interrupted and is not finished (its journal "
+                              f"{journal.path_of(root)} is there)",
+                              hint="run the same apply again: it finishes or undoes the interrupted one")
+
+
 def status(request: StatusRequest, *, on_progress: ProgressCallback | None = None) -> FleetStatus:
     started = datetime.now(UTC)
     noted = set(seal.notes())
@@ -129,6 +141,7 @@ def status(request: StatusRequest, *, on_progress: ProgressCallback | None = Non
 
         progress(root, "start", None)
         try:
+            _refuse_unfinished(Path(root))
             rows[root] = row_from_site(root, read_site(Path(root), DISTRIBUTION, keep=patched_paths(patchsets)), patchsets)
         except DsparkPatchError as exc:
             rows[root] = _error_row(root, exc)
