@@ -32,8 +32,8 @@ def apply(tree: Path, patch: Path, tmp_path: Path):
                "--report-dir", str(tmp_path / "reports"))
 
 
-def added(path: str) -> bytes:
-    return f"--- /dev/null\n+++ b/{path}\n@@ -0,0 +1 @@\n+x = 1\n".encode()
+def added(path: str, line: bytes = b"x = 1\n") -> bytes:
+    return f"--- /dev/null\n+++ b/{path}\n@@ -0,0 +1 @@\n+".encode() + line
 
 
 @pytest.mark.parametrize(("diff_path", "says"), [
@@ -238,3 +238,15 @@ def test_a_hunk_that_still_fits_after_it_was_applied_reads_applied_on_the_review
     assert again.returncode == 0, again.stderr
     assert again.json["status"] == "already-applied"
     assert (vllm033_tree / MATH).read_bytes() == post   # not applied a second time
+
+
+def test_a_new_package_that_does_not_compile_leaves_no_folder_behind(vllm033_tree: Path, tmp_path: Path) -> None:
+    # One module compiles and one does not: the compile step has made `__pycache__` (and the
+    # first module's bytecode) in the folders the write made, before the failure.
+    before = fingerprint(vllm033_tree)
+    diff = tmp_path / "package.diff"
+    diff.write_bytes(added("vllm/newpkg/sub/__init__.py", b"X = 1\n") + added("vllm/newpkg/sub/bad.py", b"def (:\n"))
+    line = apply(vllm033_tree, diff, tmp_path).assert_clean_error(1)
+    assert "vllm/newpkg/sub/bad.py does not compile" in line and "restored" in line
+    assert fingerprint(vllm033_tree) == before
+    assert not (vllm033_tree / "vllm" / "newpkg").exists()

@@ -17,7 +17,8 @@ Then one of two things:
   post-image gets its pre-image back; every bytecode file that is not its pre-image gets it back
   (bytecode is derived from its source: once the source is the pre-image again, the pre-image's
   own bytecode is the right one, whoever wrote the other); the temporary files and the folders
-  the write made (when empty) are removed; the journal last. Before writing anything, the
+  the write made (and the `__pycache__` the compile made in them), when empty, are removed; the
+  journal last. Before writing anything, the
   journal is rewritten with this process added to its writers, so a kill during the roll-back
   leaves only leftovers the next run knows as ours.
 
@@ -102,10 +103,14 @@ def _roll_back(root: Path, journal: jr.Journal, states: list[str | None], temps:
                 bytecode += 1
         _unlink(temps)
         for folder in reversed(journal.made):
-            try:
-                os.rmdir(fs.write_path(root, folder))
-            except OSError:
-                pass  # not empty (something else put a file there), or gone: leave it
+            made = fs.write_path(root, folder)
+            # The compile step made `__pycache__` in a folder this write made; the bytecode of
+            # the modules it added is gone (above), so it is empty now. Not through a link.
+            for path in (made / "__pycache__", made):
+                try:
+                    os.rmdir(path)
+                except OSError:
+                    pass  # not empty (something else put a file there), or gone: leave it
     except OSError as exc:
         raise EnvironmentProblem(
             f"rolling back the interrupted apply of {root} failed: {exc.strerror or exc}; its journal is kept",
