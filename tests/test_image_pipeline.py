@@ -283,17 +283,22 @@ def test_a_run_killed_midway_leaves_no_tag_and_its_container_goes(sig, client, s
     try:
         assert code != 0
         assert not image_exists(client, tag)
+        # This run's containers carry its host name: other tests' (another session on the engine,
+        # or an xdist worker) are not this test's to count.
+        def its_own() -> list[str]:
+            return [n for n in our_containers(client) if f"--{host}--" in n]
+
         if sig == signal.SIGTERM:
-            assert our_containers(client) == [], said  # cleaned up on the way out
+            assert its_own() == [], said  # cleaned up on the way out
         else:
-            left = our_containers(client)
+            left = its_own()
             assert left and all(f"--{host}--{pid}--" in name for name in left)  # SIGKILL: nothing could clean up ...
             done = subprocess.run(on_host(host, [str(SCRIPT), "apply", "--image", source, "--dry-run", "--json",
                                                   "--report-dir", str(tmp_path / "next")]),
                                   capture_output=True, text=True, timeout=900)
             res = Result(done.returncode, done.stdout, done.stderr)
             assert res.returncode == 0, res.stderr
-            assert our_containers(client) == []  # ... so the next run on its host removed it
+            assert its_own() == []  # ... so the next run on its host removed it
             assert any("left by an earlier" in n for n in res.json["notes"])
     finally:  # a failed check above must not leave a container that no run on this host removes
         engine = DockerEngine(client)

@@ -133,7 +133,10 @@ def test_verify_fails_and_apply_refuses(name: str, images: dict[str, str], tmp_p
     result = f"dspark-patch/test-result:runs-first-{uuid.uuid4().hex[:8]}"
     res = run("apply", "--image", tag, "--pull", "never", "--tag", result, "--report-dir", str(tmp_path / "apply"))
     line = res.assert_clean_error(1)
-    assert named in line and "nothing was written" in line
+    # What runs first is asked beside the write (off the critical path) and refused on before
+    # anything is committed; a rewritten _distutils_hack in the site folder is refused earlier,
+    # by the base check, as a file the published wheel does not have (before the write).
+    assert named in line and ("nothing was committed" in line or "nothing was written" in line)
     with pytest.raises(docker.errors.ImageNotFound):
         client.images.get(result)
     assert our_containers(client) == []

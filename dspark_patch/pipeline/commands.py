@@ -11,7 +11,7 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
 
-from ..errors import BadInput, DsparkPatchError, ProbeFailed, UnreviewedVariant, VerifyMismatch
+from ..errors import BadInput, CheckFailed, DsparkPatchError, ProbeFailed, UnreviewedVariant, VerifyMismatch
 from ..patching.diff import Diff
 from ..patching.plan import plan_patch
 from ..patchset import PatchSet, Variant, resolve
@@ -25,6 +25,7 @@ from .image_steps import (
     commit_image,
     name_source,
     refuse_runs_first,
+    refuse_started,
     refuse_unimported,
     runs_first,
     take_layer,
@@ -172,16 +173,23 @@ def _apply(request: ApplyRequest, target: Target, run: RunLog, on_result: Result
         run.notes.append(f"--allow-unreviewed: variant {variant.name} has not been reviewed by a person")
     if image is not None and image.spec.tag and not request.dry_run:
         image.target.refuse_existing_tag(image.spec.tag, force=image.spec.force)
+    started = None
     if image is not None:
         refuse_unimported(image.target, dist, run)
-        refuse_runs_first(image.target, dist, run)
-    layers = LayerCheck(image.target, patchset.distribution) if image is not None else None
+        started = refuse_runs_first(image.target, dist, run)
+    layers = LayerCheck(image.target, patchset.distribution, started=started) if image is not None else None
     # A local tree: first finish or undo what an interrupted apply left (its journal).
     local = local_steps.recover(run, target, diff, dry_run=request.dry_run) \
         if isinstance(request.target, LocalSpec) and isinstance(target, Journaled) else None
     try:
         return _patch(request, target, run, image=image, early=early, patchset=patchset, dist=dist, variant=variant,
                       diff=diff, layers=layers, on_result=on_result, local=local)
+    except CheckFailed:
+        # What runs first decides what the rest means (as verify says it first): a check that
+        # failed on an image that runs other code is refused as that.
+        if started is not None and not any(s.name == "runtime" for s in run.steps):
+            refuse_started(started, patchset.distribution, run)
+        raise
     finally:
         if layers is not None:
             layers.cancel()  # a refusal or failure: no save of the image outlives the run

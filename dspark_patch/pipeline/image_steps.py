@@ -7,7 +7,7 @@ import hashlib
 import json
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from .. import __version__
@@ -24,6 +24,8 @@ from .runlog import ResultCallback, RunLog
 from .steps import bytecode_paths
 
 LABEL_PREFIX = "io.github.dspark-patch"
+# The answer of the image's python as the image starts it, waited for when called (target.start_as_started).
+StartedAnswer = Callable[[], "tuple[str, ...]"]
 
 
 def unimported_copies(target: ImageCapable, dist: Distribution, run: RunLog) -> str | None:
@@ -55,12 +57,41 @@ def runs_first(target: ImageCapable, dist: Distribution, run: RunLog) -> list[st
     return found
 
 
-def refuse_runs_first(target: ImageCapable, dist: Distribution, run: RunLog) -> None:
-    """`apply`, before anything is written: an image that runs other code first is refused."""
-    found = runs_first(target, dist, run)
+def refuse_runs_first(target: ImageCapable, dist: Distribution, run: RunLog) -> StartedAnswer:
+    """`apply`: what the image runs before or instead of the checked distribution (`runs_first`:
+    the config-and-files rules, then the image's own python as the image starts it), asked on a
+    thread of its own beside the plan, write, compile and probe (it is path stats and one exec of
+    the image's python: about a second, off the critical path). What this returns waits for the
+    answer; `LayerCheck.join` refuses on it before anything is committed. The work container is
+    discarded either way, so nothing of a refused image reaches an image or a tag."""
+    box: dict[str, object] = {}
+
+    def ask() -> None:
+        try:
+            found = list(target.runs_first(dist.name, dist.location, minor_version(dist.python_version or "")))
+            box["found"] = found or list(target.as_started(dist.name, dist.location))
+        except BaseException as exc:  # raised in the caller's thread when it waits
+            box["error"] = exc
+
+    thread = threading.Thread(target=ask, name="dspark-patch-runtime-check", daemon=True)
+    thread.start()
+
+    def answer() -> tuple[str, ...]:
+        thread.join()
+        if "error" in box:
+            raise box["error"]  # type: ignore[misc]
+        return tuple(box["found"])  # type: ignore[arg-type]
+
+    return answer
+
+
+def refuse_started(answer: StartedAnswer, distribution: str, run: RunLog) -> None:
+    """Wait for `refuse_runs_first`'s answer and refuse on a finding (nothing is committed)."""
+    with run.step("runtime"):
+        found = list(answer())
     if found:
-        error = runs_first_message(run.draft.target.ref, dist.name, found)
-        raise type(error)(error.message + "; nothing was written", hint=error.hint)
+        error = runs_first_message(run.draft.target.ref, distribution, found)
+        raise type(error)(error.message + "; nothing was committed", hint=error.hint)
 
 
 def refuse_unimported(target: ImageCapable, dist: Distribution, run: RunLog) -> None:
@@ -79,14 +110,18 @@ class LayerCheck:
     apply works on what the engine unpacked, but an image whose layers the reader refuses is
     hostile (the audit of its result would be an error row): it is refused, nothing committed or
     tagged. Kept by the predicate `status` keeps by, so both share the scan cache: an image whose
-    every layer a status or apply run already read is not saved again."""
+    every layer a status or apply run already read is not saved again.
 
-    def __init__(self, target: ImageCapable, distribution: str) -> None:
+    `started`: what the image runs first (refuse_runs_first), asked beside the same steps and
+    joined first: a finding there is refused the same way."""
+
+    def __init__(self, target: ImageCapable, distribution: str, *, started: StartedAnswer | None = None) -> None:
         # The strict layer reader loads here, for an image, not with every local command.
         from ..targets.layerfs import status_keep_identity
         from ..targets.layers.cache import ScanCache
 
         self._target, self._distribution = target, distribution
+        self._as_started = started   # the image's python as it starts (refuse_runs_first), joined here too
         self._keep = frozenset(path for p in available() if not p.is_bare for v in p.variants for path in v.files)
         self._cache = ScanCache.from_env(status_keep_identity(distribution, self._keep))
         self._saved = False
@@ -119,6 +154,8 @@ class LayerCheck:
         self._target.keep_layer_scan(self._distribution, self._keep, self._cache)
 
     def join(self, run: RunLog) -> None:
+        if self._as_started is not None:
+            refuse_started(self._as_started, self._distribution, run)
         with run.step("layers"):
             self._thread.join()
             if self._error is not None:

@@ -218,7 +218,11 @@ class ImageCapable(Target, Protocol):
     def as_started(self, distribution: str, location: str) -> tuple[str, ...]:
         """The same question asked of the image's own python, started as the image starts it:
         what it imported at start and where it resolves the distribution. Findings only, one
-        line each (targets/runtime.py `judge_started`); after `locate`, before anything is written."""
+        line each (targets/runtime.py `judge_started`); after `locate`."""
+        ...
+
+    def start_as_started(self, distribution: str, location: str) -> Callable[[], tuple[str, ...]]:
+        """`as_started`, started now and answered when the returned function is called."""
         ...
 
     def refuse_existing_tag(self, tag: str, *, force: bool) -> None:
