@@ -24,7 +24,7 @@ from .runlog import ResultCallback, RunLog
 from .steps import bytecode_paths
 
 LABEL_PREFIX = "io.github.dspark-patch"
-# The answer of the image's python as the image starts it, waited for when called (target.start_as_started).
+# What the image runs first (refuse_runs_first), waited for when called.
 StartedAnswer = Callable[[], "tuple[str, ...]"]
 
 
@@ -49,12 +49,17 @@ def runs_first(target: ImageCapable, dist: Distribution, run: RunLog) -> list[st
     it, shows besides (a .pth in another site folder, a finder): `apply` refuses such an image,
     `verify` fails it."""
     with run.step("runtime"):
-        found = list(target.runs_first(dist.name, dist.location, minor_version(dist.python_version or "")))
+        found = _config_rules(target, dist)
     with run.step("as started"):
         seen = " ".join(found)
         # A path the config-and-stats model already named is not named twice.
         found += [line for line in target.as_started(dist.name, dist.location) if line.split(":", 1)[0] not in seen]
     return found
+
+
+def _config_rules(target: ImageCapable, dist: Distribution) -> list[str]:
+    """What the config and path stats show the image runs first (targets/runtime.py `runs_first`)."""
+    return list(target.runs_first(dist.name, dist.location, minor_version(dist.python_version or "")))
 
 
 def refuse_runs_first(target: ImageCapable, dist: Distribution, run: RunLog) -> StartedAnswer:
@@ -68,7 +73,7 @@ def refuse_runs_first(target: ImageCapable, dist: Distribution, run: RunLog) -> 
 
     def ask() -> None:
         try:
-            found = list(target.runs_first(dist.name, dist.location, minor_version(dist.python_version or "")))
+            found = _config_rules(target, dist)
             box["found"] = found or list(target.as_started(dist.name, dist.location))
         except BaseException as exc:  # raised in the caller's thread when it waits
             box["error"] = exc

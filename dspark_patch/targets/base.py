@@ -221,10 +221,6 @@ class ImageCapable(Target, Protocol):
         line each (targets/runtime.py `judge_started`); after `locate`."""
         ...
 
-    def start_as_started(self, distribution: str, location: str) -> Callable[[], tuple[str, ...]]:
-        """`as_started`, started now and answered when the returned function is called."""
-        ...
-
     def refuse_existing_tag(self, tag: str, *, force: bool) -> None:
         """Raise TagExists when `tag` exists and `force` is not given."""
         ...

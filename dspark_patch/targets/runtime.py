@@ -159,6 +159,20 @@ class Start:
     first: tuple[str, str] | None
     unmodelled: tuple[str, ...]
 
+    @property
+    def isolated(self) -> bool:
+        return "I" in self.flags
+
+    @property
+    def ignores_env(self) -> bool:
+        """-I or -E: no PYTHON* variable applies."""
+        return self.isolated or "E" in self.flags
+
+    @property
+    def safe_path(self) -> bool:
+        """-I, -P or PYTHONSAFEPATH: nothing is put at sys.path[0]."""
+        return self.isolated or "P" in self.flags or (not self.ignores_env and bool(self.env.get("PYTHONSAFEPATH")))
+
 
 def start_of(config: Mapping[str, Any], stat: interp.Stat, read_small: ReadSmall, *, what: str) -> Start:
     """The image's start (see `Start`); `what` names the checked code in "not verified" lines."""
@@ -218,10 +232,8 @@ def runs_first(config: Mapping[str, Any], stat: interp.Stat, read_small: ReadSma
     workdir = str(config.get("WorkingDir") or "/")
     start = start_of(config, stat, read_small, what=f"{site}/{top}")
     lines = list(start.unmodelled)
-    flags, first, env = set(start.flags), start.first, dict(start.env)
-    isolated = "I" in flags
-    ignore_env = isolated or "E" in flags
-    safe = isolated or "P" in flags or (not ignore_env and bool(env.get("PYTHONSAFEPATH")))
+    flags, first, env = start.flags, start.first, start.env
+    isolated, ignore_env, safe = start.isolated, start.ignores_env, start.safe_path
     if not ignore_env and env.get("PYTHONHOME"):
         lines.append(f"Env PYTHONHOME={env['PYTHONHOME']}: the interpreter's library and site folders come from there, "
                      "not from what was read")
@@ -232,13 +244,12 @@ def runs_first(config: Mapping[str, Any], stat: interp.Stat, read_small: ReadSma
         for entry in (e for e in env.get("PYTHONPATH", "").split(":") if e):
             folder = entry if entry.startswith("/") else posixpath.join(workdir, entry)
             places.append((folder, f"PYTHONPATH entry {entry!r} in the image's Env"))
+    user_site: str | None = None
     if not (isolated or "s" in flags or (not ignore_env and env.get("PYTHONNOUSERSITE"))) and python:
         base = env.get("PYTHONUSERBASE") if not ignore_env and env.get("PYTHONUSERBASE") else \
             posixpath.join(_home(config, env, read_small), ".local")
-        places.append((f"{base}/lib/python{python}/site-packages", "the image user's site folder"))
-        user_site = posixpath.normpath(places[-1][0])
-    else:
-        user_site = None
+        user_site = posixpath.normpath(f"{base}/lib/python{python}/site-packages")
+        places.append((user_site, "the image user's site folder"))
     real_site = posixpath.normpath(site)
     for folder, why in places:
         folder = posixpath.normpath(folder)
@@ -268,7 +279,6 @@ def runs_first(config: Mapping[str, Any], stat: interp.Stat, read_small: ReadSma
                         if _exists(stat(f"{folder}/{name}")):
                             lines.append(f"{folder}/{name}: Debian's sitecustomize imports it at every start (-I too)")
     return list(dict.fromkeys(lines))
-
 
 
 def pth_first(sites: Sequence[str], user_site: str | None, pth_files: PthFiles, stat: interp.Stat,
@@ -315,9 +325,9 @@ def pth_first(sites: Sequence[str], user_site: str | None, pth_files: PthFiles, 
     return lines
 
 
-# The finders CPython installs, and the one setuptools' distutils-precedence.pth adds at start.
 # Files of the standard library's folder that `sys.stdlib_module_names` does not list (Debian's).
 _STDLIB_UNLISTED = frozenset({"_distutils_system_mod"})
+# The finders CPython installs, and the one setuptools' distutils-precedence.pth adds at start.
 _KNOWN_FINDERS = frozenset({"_frozen_importlib.BuiltinImporter", "_frozen_importlib.FrozenImporter",
                             "_frozen_importlib_external.PathFinder", "_distutils_hack.DistutilsMetaFinder"})
 
@@ -328,10 +338,7 @@ def started_argv(start: Start, *, top: str, source: str) -> list[str] | None:
     `-c`); None when the start is not a python the tool follows."""
     if start.python is None or start.unmodelled:
         return None
-    first = ""
-    if start.first is not None and not ({"I", "P"} & start.flags) and not (
-            "E" not in start.flags and start.env.get("PYTHONSAFEPATH")):
-        first = start.first[0]
+    first = start.first[0] if start.first is not None and not start.safe_path else ""
     flags = [f"-{f}" for f in sorted(start.flags & set("IEsSP"))]
     return [start.python, *flags, "-B", "-c", source, first, top]
 

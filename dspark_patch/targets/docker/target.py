@@ -15,7 +15,7 @@ import io
 import json
 import posixpath
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import replace
@@ -339,36 +339,26 @@ class ImageTarget:
         the entrypoint's python and flags), imported at start and where it resolves the
         distribution: findings only (targets/runtime.py `judge_started`). Runs the image's
         start-up code, as the probe does, in this container."""
-        return self.start_as_started(distribution, location)()
-
-    def start_as_started(self, distribution: str, location: str) -> Callable[[], tuple[str, ...]]:
-        """`as_started`, started now: the exec runs beside what the caller does next; calling
-        what this returns waits for it and judges its answer."""
         top = distribution.replace("-", "_").lower()
         config = self.source.config
         start = runtime.start_of(config, self._stat, self._read_small, what=f"{location}/{top}")
         argv = runtime.started_argv(start, top=top, source=inside_source("started"))
         if argv is None:
-            return lambda: ()  # not a python the tool follows: `runs_first` names it as not verified
+            return ()  # not a python the tool follows: `runs_first` names it as not verified
         user = str(config.get("User") or "0")
         workdir = str(config.get("WorkingDir") or "/")
         assigned = {k: v for k, v in start.env.items() if imageconfig.image_env(config).get(k) != v}
-        running = self.container.start(argv, env=assigned, timeout=120 if self.emulated else 60, user=user,
-                                       workdir=workdir)
-
-        def judged() -> tuple[str, ...]:
-            result = running.wait()
-            try:
-                answer = json.loads(result.stdout[: 1 << 20]) if result.returncode == 0 else None
-            except ValueError:
-                answer = None
-            if answer is None:
-                said = (result.stderr.decode(errors="replace").strip().splitlines() or [f"exit {result.returncode}"])[-1]
-                return (f"the image's python as the image starts it ({argv[0]} as user {user} in {workdir}) failed: "
-                        f"{said[-200:]}; what it runs before {location}/{top} is not verified",)
-            return tuple(runtime.judge_started(answer, site=location, top=top))
-
-        return judged
+        result = self.container.call(argv, env=assigned, timeout=120 if self.emulated else 60, user=user,
+                                     workdir=workdir)
+        try:
+            answer = json.loads(result.stdout[: 1 << 20]) if result.returncode == 0 else None
+        except ValueError:
+            answer = None
+        if answer is None:
+            said = (result.stderr.decode(errors="replace").strip().splitlines() or [f"exit {result.returncode}"])[-1]
+            return (f"the image's python as the image starts it ({argv[0]} as user {user} in {workdir}) failed: "
+                    f"{said[-200:]}; what it runs before {location}/{top} is not verified",)
+        return tuple(runtime.judge_started(answer, site=location, top=top))
 
     def _stat(self, path: str) -> dict[str, Any] | None:
         """The engine's path stat of `path` in the work container (nothing runs)."""
