@@ -23,7 +23,7 @@ from dspark_patch.pipeline import LABEL_PREFIX
 from dspark_patch.report.audit_json import load_schema
 from dspark_patch.targets.docker import CONFIG_FIELDS, DockerEngine
 from tests.support.cli import SCRIPT, Result, run
-from tests.support.containers import on_host, our_containers, signalled_when
+from tests.support.containers import left_by, on_host, our_containers, signalled_when
 from tests.support.images import fixture_image, no_python_image, no_vllm_image
 
 pytestmark = pytest.mark.engine
@@ -136,7 +136,20 @@ def _top_layer_files(image) -> dict[str, str]:
 
 
 def test_no_container_is_left_behind(applied, client):
-    assert our_containers(client) == []
+    assert left_by(client, applied[0]) == []
+
+
+def test_a_kept_container_is_found_as_left_by_its_run(client, tag, tmp_path):
+    # The oracle the tests above use finds what a run leaves: a kept container is named for it.
+    res = run("apply", "--image", no_vllm_image(), "--pull", "never", "--tag", tag, "--report-dir", str(tmp_path / "r"),
+              env={"DSPARK_PATCH_KEEP_CONTAINER": "1"})
+    res.assert_clean_error(2)
+    left = left_by(client, res)
+    try:
+        assert len(left) == 1 and left[0].startswith("dspark-patch--target-kept--"), left
+    finally:
+        for name in left:
+            client.containers.get(name).remove(force=True, v=True)
 
 
 def test_verify_passes_on_the_result_and_fails_on_the_source(applied, source, tmp_path):
@@ -210,7 +223,7 @@ def test_dry_run_commits_nothing(client, source, tag, tmp_path):
         assert res.json["status"] == "dry-run" and res.json["result_image"] is None
         assert not image_exists(client, tag)
         assert _made_from(client, images_before, mark, image.id) == []
-        assert our_containers(client) == []
+        assert left_by(client, res) == []
     finally:
         client.images.remove(own, force=True)
 
@@ -224,7 +237,7 @@ def test_drifted_file_in_the_image_is_refused_and_nothing_tagged(client, source,
         line = res.assert_clean_error(1)
         assert MODEL in line and "pre-image" in line
         assert not image_exists(client, tag)
-        assert our_containers(client) == []
+        assert left_by(client, res) == []
         audit = json.loads((tmp_path / "r" / "audit.json").read_text())
         assert audit["status"] == "failed" and audit["result_image"] is None
     finally:
@@ -244,7 +257,7 @@ def test_refusals_are_one_line_and_leave_nothing(image, code, words, client, tag
     res = run("apply", "--image", image(), "--pull", "never", "--tag", tag, "--report-dir", str(tmp_path / "r"))
     assert words in res.assert_clean_error(code)
     assert not image_exists(client, tag)
-    assert our_containers(client) == []
+    assert left_by(client, res) == []
     assert json.loads((tmp_path / "r" / "audit.json").read_text())["status"] == "failed"
 
 
@@ -259,7 +272,7 @@ def test_existing_tag_is_refused_before_any_work(client, source, tag, tmp_path):
     res = run("apply", "--image", source, "--tag", tag, "--report-dir", str(tmp_path / "r"))
     assert "already exists" in res.assert_clean_error(2)
     assert client.images.get(tag).id == client.images.get(source).id
-    assert our_containers(client) == []
+    assert left_by(client, res) == []
 
 
 def _running(client, names: list[str]) -> bool:
@@ -347,7 +360,7 @@ def test_an_image_whose_consumer_reads_the_residual_fails_the_probe_and_is_not_t
         # nothing committed on top of it (other sessions' images may come and go meanwhile)
         broken_id = client.images.get(broken).id
         assert [i["Id"] for i in client.api.images(all=True) if i.get("ParentId") == broken_id] == []
-        assert our_containers(client) == []  # the work container and its twin are gone
+        assert left_by(client, res) == []  # the work container and its twin are gone
     finally:
         client.images.remove(broken_tag, force=True)
 

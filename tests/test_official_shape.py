@@ -22,7 +22,7 @@ import pytest
 
 from dspark_patch.patchset import resolve
 from tests.support.cli import run
-from tests.support.containers import our_containers
+from tests.support.containers import left_by
 from tests.support.images import (
     fixture_image,
     official_032_image,
@@ -70,9 +70,11 @@ def test_apply_verify_and_status_on_the_official_shape(release: str, source: Cal
     before = client.images.get(image)
     assert before.attrs["Config"]["User"] == "2000" and _pyc_in_site(client, image) == []
     tag = f"dspark-patch/test-result:official-{uuid.uuid4().hex[:8]}"
+    runs = []
     try:
         for via in ("layers", "container"):
             res = run("status", "--image", image, "--pull", "never", "--via", via, "--json")
+            runs.append(res)
             assert res.returncode == 0, (via, res.stdout[-2000:], res.stderr)
             row = res.json["images"][0]
             assert (row["release"], row["patch_sets"]) == (release, {PATCH: "absent"}), via
@@ -81,6 +83,7 @@ def test_apply_verify_and_status_on_the_official_shape(release: str, source: Cal
 
         res = run("apply", "--image", image, "--pull", "never", "--tag", tag, "--json",
                   "--report-dir", str(tmp_path / "apply"))
+        runs.append(res)
         assert res.returncode == 0, (res.stdout[-2000:], res.stderr)
         audit = res.json
         assert audit["status"] == "applied" and audit["target"]["distribution"]["version"] == release
@@ -97,10 +100,12 @@ def test_apply_verify_and_status_on_the_official_shape(release: str, source: Cal
             f"{SITE}/{Path(p).parent}/__pycache__/{Path(p).stem}.{tag_name}.pyc" for p in variant.files)
 
         res = run("verify", "--image", tag, "--pull", "never", "--report-dir", str(tmp_path / "verify"))
+        runs.append(res)
         assert res.returncode == 0, (res.stdout[-2000:], res.stderr)
         assert "verdict: OK: verified" in res.stderr
 
         res = run("status", "--image", tag, "--image", image, "--image", fixture_image(), "--pull", "never", "--json")
+        runs.append(res)
         assert res.returncode == 0, (res.stdout[-2000:], res.stderr)
         rows = {i["ref"]: i for i in res.json["images"]}
         assert rows[tag]["patch_sets"] == {PATCH: "applied"} and rows[image]["patch_sets"] == {PATCH: "absent"}
@@ -115,4 +120,4 @@ def test_apply_verify_and_status_on_the_official_shape(release: str, source: Cal
             client.images.remove(tag, force=True)
         except docker.errors.ImageNotFound:
             pass
-    assert our_containers(client) == []
+    assert len(runs) == 5 and left_by(client, *runs) == []

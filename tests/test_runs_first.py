@@ -21,7 +21,7 @@ import docker
 import pytest
 
 from tests.support.cli import run
-from tests.support.containers import our_containers
+from tests.support.containers import left_by
 from tests.support.images import official_image
 
 pytestmark = pytest.mark.engine
@@ -139,4 +139,4 @@ def test_verify_fails_and_apply_refuses(name: str, images: dict[str, str], tmp_p
     assert named in line and ("nothing was committed" in line or "nothing was written" in line)
     with pytest.raises(docker.errors.ImageNotFound):
         client.images.get(result)
-    assert our_containers(client) == []
+    assert left_by(client, res) == []

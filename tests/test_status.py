@@ -18,7 +18,7 @@ import pytest
 
 from dspark_patch.report.status_render import load_status_schema
 from tests.support import images, vllm
-from tests.support.cli import run
+from tests.support.cli import Result, run
 from tests.support.probe_trees import SharedTree
 from tests.support.vllm import replace_file
 
@@ -31,11 +31,16 @@ ELSEWHERE = "vllm/logger.py"
 
 
 def status_json(*args: str) -> tuple[int, dict]:
+    res, doc = status_run(*args)
+    return res.returncode, doc
+
+
+def status_run(*args: str) -> tuple[Result, dict]:
     res = run("status", *args, "--json")
     assert "Traceback" not in res.stderr, res.stderr
     doc = json.loads(res.stdout)
     jsonschema.Draft202012Validator(load_status_schema(), format_checker=jsonschema.FormatChecker()).validate(doc)
-    return res.returncode, doc
+    return res, doc
 
 
 def _linked_copy(tree: Path, where: Path) -> Path:
@@ -206,14 +211,16 @@ def _docker(*args: str) -> str:
     return subprocess.run(["docker", *args], check=True, capture_output=True, text=True).stdout
 
 
-def _status_containers_left() -> list[str]:
-    """`status` containers this test's runs left behind (tests/support/containers.py: another
-    session's, at work beside this one, are not counted)."""
+def _status_containers_left(*runs: Result) -> list[str]:
+    """`status` containers these runs left behind (tests/support/containers.py: neither another
+    session's at work beside this one nor one another test's killed run left is counted); with
+    no runs, those of any run this test started (the signalled run's, under a host of its own)."""
     import docker
 
-    from tests.support.containers import our_containers
+    from tests.support.containers import left_by, our_containers
 
-    return [n for n in our_containers(docker.from_env()) if n.startswith("dspark-patch--status--")]
+    names = left_by(docker.from_env(), *runs) if runs else our_containers(docker.from_env())
+    return [n for n in names if n.startswith("dspark-patch--status--")]
 
 
 @pytest.fixture(scope="module")
@@ -260,8 +267,9 @@ def test_status_of_a_fleet_reads_every_image_without_starting_or_leaving_anythin
     since = str(int(time.time()) - 1)
     (tmp_path / "refs").write_text("\n".join(fleet[k] for k in ("fixture", "patched", "edited", "elsewhere")) + "\n")
 
-    code, doc = status_json("--images-from", str(tmp_path / "refs"), "--image", fleet["added"],
+    first, doc = status_run("--images-from", str(tmp_path / "refs"), "--image", fleet["added"],
                             "--image", fleet["no-vllm"], "--jobs", "3")
+    code = first.returncode
     until = str(int(time.time()) + 1)
 
     rows = {next(k for k, v in fleet.items() if v == r["ref"]): r for r in doc["images"]}
@@ -287,15 +295,16 @@ def test_status_of_a_fleet_reads_every_image_without_starting_or_leaving_anythin
     assert sorted(line for line in images_before.splitlines() if any(r in line for r in ours)) == \
         sorted(line for line in after.splitlines() if any(r in line for r in ours))
     assert {ref: _docker("image", "inspect", "-f", "{{.Id}}", ref).strip() for ref in fleet.values()} == ids_before
-    assert _status_containers_left() == []
+    assert _status_containers_left(first) == []
     assert _container_events(since, until, {ids_before[ref] for ref in ours}) == []
 
     # The other way of reading (a never-started container per image) says the same.
     since = str(int(time.time()) - 1)
-    code, again = status_json(*(a for k in ("edited", "added") for a in ("--image", fleet[k])), "--via", "container")
+    second, again = status_run(*(a for k in ("edited", "added") for a in ("--image", fleet[k])), "--via", "container")
+    code = second.returncode
     until = str(int(time.time()) + 1)
     assert code == 1 and [r | {"ref": None} for r in again["images"]] == [rows[k] | {"ref": None} for k in ("edited", "added")]
-    assert _status_containers_left() == []
+    assert _status_containers_left(second) == []
     touched = _container_events(since, until, {ids_before[fleet[k]] for k in ("edited", "added")})
     actions = {line.split()[0] for line in touched}
     # Made, read through the archive API, removed: never started, nothing executed in it.

@@ -17,6 +17,8 @@ class Result:
     returncode: int
     stdout: str
     stderr: str
+    pid: int = 0         # the run's process: the tool names its containers by it
+    started: str = "?"   # and by its start time (a pid alone can be reused)
 
     @property
     def json(self) -> dict:
@@ -32,8 +34,22 @@ class Result:
 
 
 def run(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 900) -> Result:
-    done = subprocess.run(
-        [str(SCRIPT), *args], capture_output=True, text=True, cwd=cwd, timeout=timeout,
-        env={**os.environ, **(env or {})},
-    )
-    return Result(done.returncode, done.stdout, done.stderr)
+    with subprocess.Popen([str(SCRIPT), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          cwd=cwd, env={**os.environ, **(env or {})}) as proc:
+        started = start_time(proc.pid)  # not reaped before communicate: /proc still has it
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            raise
+    return Result(proc.returncode, out, err, proc.pid, started)
+
+
+def start_time(pid: int) -> str:
+    """The process's start time as /proc gives it (field 22), "?" when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[19]
+    except OSError:
+        return "?"

@@ -29,6 +29,20 @@ def our_containers(client) -> list[str]:
     return found
 
 
+def left_by(client, *runs) -> list[str]:
+    """Names of the tool's containers that these runs (tests/support/cli.py Results) made and
+    left: by the owner written in the name (this host, the run's pid and start time), so neither
+    a container at work in another session nor one another test's killed run left is counted."""
+    wanted = {(r.pid, r.started) for r in runs}
+    assert wanted and all(pid > 0 and started != "?" for pid, started in wanted), wanted
+    found = []
+    for _, name in DockerEngine(client).our_containers():
+        owner = Owner.parse(name)
+        if owner is not None and owner.here and (owner.pid, owner.start) in wanted:
+            found.append(name)
+    return found
+
+
 def _descends_from_us(pid: int) -> bool:
     while pid > 1:
         if pid == os.getpid():
