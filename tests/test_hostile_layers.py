@@ -32,7 +32,7 @@ from dspark_patch.errors import DsparkPatchError, HostileLayer, UnreadableLayout
 from dspark_patch.patchset import available
 from dspark_patch.report.status_model import ImageStatus
 from dspark_patch.status.fleet import _error_row, row_from_site
-from dspark_patch.targets.docker.reader import views_from_save
+from dspark_patch.targets.docker.save_views import views_from_save
 from dspark_patch.targets.layerfs import find_site, status_keep
 from dspark_patch.targets.layers import LayerView, Limits, merge, scan_layer
 from tests.support import hostile, oci, vllm

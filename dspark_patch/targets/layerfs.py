@@ -1,6 +1,6 @@
 """An image's site folder rebuilt from its layer tars, for `status` on many images at once.
 
-No engine here. Each layer tar (from `docker save`, see targets/docker/reader.py) goes through
+No engine here. Each layer tar (from `docker save`, see targets/docker/save_views.py) goes through
 the one strict layer reader (`targets/layers`: refuses what tar readers could read differently,
 keeps only what `status_keep` asks for, merges the engine's way). Kept: every entry under a
 `…/lib/python3.X/{site,dist}-packages/` folder (names and kinds), the sha256 of files in the

@@ -10,6 +10,7 @@ One idea a module:
   result_image.py  the patched image: source + layer (append.py), checked field by field
   tag_lock.py   the tag, set last under the engine's lock on it (a container name is atomic)
   gc.py         `dspark-patch gc`: killed runs' containers and tag locks
+  save_views.py  the images' layers from one `docker save` stream, scanned as they arrive
   store.py      DockerStore: the engine as the `ImageStore` of targets/base.py (targets.open_store)
   signals.py    SIGTERM -> SystemExit while a container is alive, so it is removed
   target.py     ImageTarget: the Target protocol and ImageCapable on top of those

@@ -26,15 +26,10 @@ folder), on a loaded 2-core machine (`bench/status_fleet.py` prints the current 
 from __future__ import annotations
 
 import base64
-import gzip
-import hashlib
 import io
 import json
 import posixpath
-import queue
-import threading
-import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from typing import Any, BinaryIO
 
@@ -43,19 +38,15 @@ import requests.exceptions
 
 from ...distname import filename_name
 from ...errors import (
-    DsparkPatchError,
     EnvironmentProblem,
-    HostileLayer,
     TargetNotFound,
     UnreadableLayout,
     runs_first_message,
 )
 from ...references.installer import SCRIPT_CAP
 from .. import imageconfig, interpreter
-from ..layerfs import folder_view, merge_scans, pth_in, site_files, status_keep
-from ..layers import LayerScan, LayerView, TarStream, scan_layer
-from ..layers.cache import ScanCache
-from ..layers.tarstream import BLOCK
+from ..layerfs import folder_view, pth_in, site_files
+from ..layers import TarStream
 from ..runtime import runs_first
 from ..sitefiles import SiteFiles
 from ..sitepath import choose_site, interpreter_sites
@@ -156,7 +147,7 @@ class ImageReader:
     def stat(self, path: str) -> dict[str, Any] | None:
         """The engine's path-stat of `path` in the image (name, size, mode, linkTarget), or None."""
         assert self._container
-        url = _engine_url(self._api, f"/containers/{self._container}/archive")
+        url = engine_url(self._api, f"/containers/{self._container}/archive")
         try:
             response = self._api.head(url, params={"path": path})
         except requests.exceptions.RequestException as exc:
@@ -272,243 +263,9 @@ class ImageReader:
         return data if data is not None else "not read"
 
 
-def _engine_url(api: docker.APIClient, path: str) -> str:
+def engine_url(api: docker.APIClient, path: str) -> str:
     # docker-py's APIClient is a requests.Session whose adapters speak to the engine (unix socket,
     # TCP or SSH); it has no public call for HEAD of the archive endpoint (a path's stat without
     # its contents) or for saving several images in one stream, so those two requests are built
     # from its public attributes and sent with the Session's own public methods.
     return f"{api.base_url}/v{api.api_version}{path}"
-
-
-def save_views(engine: DockerEngine, image_ids: Sequence[str], distribution: str,
-               keep: Iterable[str] = (), cache: ScanCache | None = None, *,
-               stop: threading.Event | None = None) -> dict[str, LayerView | DsparkPatchError]:
-    """Every image's merged view from ONE `docker save` of all of them (shared layers come once).
-
-    Nothing is created on the engine. Layers are scanned as they stream past (their order in
-    the archive is the engine's) by the strict layer reader; manifest.json says which layers,
-    bottom first, make which image. A layer the reader refuses is an error for the images that
-    use it (naming the layer and member), never for the others."""
-    api = engine.client.api
-    try:
-        # docker-py saves one image per call; the engine's endpoint takes many names at once.
-        response = api.get(_engine_url(api, "/images/get"), params={"names": list(image_ids)}, stream=True)
-    except requests.exceptions.RequestException as exc:
-        raise EnvironmentProblem(f"reading the images' layers failed: {exc}") from exc
-    if response.status_code >= 400:
-        raise EnvironmentProblem(f"reading the images' layers failed: HTTP {response.status_code} {response.text.strip()[:200]}")
-    try:
-        chunks = response.iter_content(1 << 20)
-        stream = io.BufferedReader(ChunkReader(chunks if stop is None else _until(stop, chunks)), 1 << 20)
-        return views_from_save(stream, image_ids, distribution, keep, cache=cache)
-    except requests.exceptions.RequestException as exc:
-        raise EnvironmentProblem(f"reading the images' layers failed: {exc}") from exc
-    finally:
-        response.close()
-
-
-def _until(stop: threading.Event, chunks: Iterator[bytes]) -> Iterator[bytes]:
-    """The chunks, ended by an error as soon as `stop` is set (a caller that no longer needs them)."""
-    for chunk in chunks:
-        if stop.is_set():
-            raise EnvironmentProblem("reading the images' layers was stopped")
-        yield chunk
-
-
-def save_layer_where(digest: str) -> str:
-    """How a layer of the engine's save is named in its scan (and so in what a check says of it)."""
-    return f"layer {digest} of the engine's save"
-
-
-def views_from_save(stream: BinaryIO, image_ids: Sequence[str], distribution: str,
-                    keep_paths: Iterable[str] = (), *, cache: ScanCache | None = None,
-                    ) -> dict[str, LayerView | DsparkPatchError]:
-    """The views of `image_ids` from a `docker save` archive (pure: no engine).
-
-    `cache`: each layer's scan is stored under the sha256 of the tar it scanned (its diff_id,
-    hashed here, so what is stored is what was read); a layer whose archive name is its digest
-    (the OCI layout's `blobs/sha256/…`) and that the cache holds is not scanned again."""
-    keep = status_keep(distribution, keep_paths)
-    layers: dict[str, LayerScan | DsparkPatchError] = {}
-    # A layer the archive already holds under another folder is written as a symlink to it
-    # (dockerd does this when a layer is the top of one image and a lower layer of another).
-    aliases: dict[str, str] = {}
-    manifest: list[dict[str, Any]] = []
-    try:
-        outer = TarStream(stream, where="the engine's save archive")
-        for member in outer:
-            if member.kind == "symlink":
-                aliases[member.name] = posixpath.normpath(posixpath.join(posixpath.dirname(member.name), member.linkname))
-                continue
-            if member.kind != "file":
-                continue
-            if member.name == "manifest.json":
-                manifest = json.loads(outer.read_all(64 << 20))
-                continue
-            named = _digest_of(member.name)
-            if cache is not None and named.startswith("sha256:"):
-                hit = cache.get(named)
-                if hit is not None:
-                    layers[member.name] = hit
-                    continue
-            data = _Member(outer)
-            head = data.peek(BLOCK)
-            compressed = head[:2] == b"\x1f\x8b"
-            if compressed:
-                source: BinaryIO = gzip.GzipFile(fileobj=io.BufferedReader(data, 1 << 20), mode="rb")  # type: ignore[assignment]
-            elif len(head) >= BLOCK and _is_tar_header(head[:BLOCK]) or head[:BLOCK] == bytes(BLOCK):
-                source = data  # type: ignore[assignment]
-                data.unhashed()  # the tar is the member: its digest is the layer's, hashed once (plain)
-            else:
-                continue  # configs, OCI index and manifests (JSON)
-            where = save_layer_where(_digest_of(member.name))
-            plain = _Hashing(source)
-            try:
-                buffered = io.BufferedReader(plain, 1 << 20)  # held: closing it would close `plain`
-                scanned = scan_layer(buffered, where=where, keep=keep)
-                layers[member.name] = scanned
-                digest = plain.drain()
-                if cache is not None:
-                    cache.put(digest, scanned)
-            except HostileLayer as exc:
-                # Name the layer by its digest (what `docker inspect` lists), known once all of it is read.
-                digest = data.drain() if compressed else plain.drain()
-                kind = "blob" if compressed else "layer"
-                layers[member.name] = HostileLayer(exc.message.replace(where, f"{kind} {digest} of the image"),
-                                                   hint=exc.hint)
-            except (OSError, EOFError, zlib.error) as exc:
-                layers[member.name] = HostileLayer(f"{where}: cannot be decompressed ({exc})")
-            finally:
-                plain.stop()  # its hashing thread ends
-    except (HostileLayer, ValueError) as exc:
-        raise EnvironmentProblem(f"reading the images' layers failed: {exc}") from exc
-    for alias, target in aliases.items():
-        if target in layers:
-            layers[alias] = layers[target]
-    views: dict[str, LayerView | DsparkPatchError] = {}
-    for entry in manifest:
-        config = posixpath.basename(entry.get("Config", "")).removesuffix(".json")
-        image_id = next((i for i in image_ids if i.removeprefix("sha256:") == config), None)
-        names = entry.get("Layers") or ()
-        # An image whose layer is missing from the archive gets no view (its row says so)
-        # rather than a view that silently lacks that layer's files.
-        if image_id is None or not all(name in layers for name in names):
-            continue
-        refused = next((layers[n] for n in names if isinstance(layers[n], DsparkPatchError)), None)
-        if isinstance(refused, DsparkPatchError):
-            views[image_id] = refused
-            continue
-        try:
-            scans = [scan for n in names if isinstance(scan := layers[n], LayerScan)]
-            views[image_id] = merge_scans(scans, where=f"image {image_id[:19]}")
-        except DsparkPatchError as exc:
-            views[image_id] = exc
-    return views
-
-
-class _Hashing(io.RawIOBase):
-    """A layer's tar as read, hashed: `drain()` reads the rest and gives its sha256 (the diff_id).
-
-    The hashing runs on a thread of its own (hashlib lets go of the GIL), beside the tar's
-    reading in the caller's: read it through a BufferedReader, so that it sees large reads."""
-
-    def __init__(self, fh: BinaryIO) -> None:
-        self._fh = fh
-        self._sha256 = hashlib.sha256()
-        self._pending: queue.Queue[bytes | None] = queue.Queue(maxsize=32)  # at most 32 reads held
-        self._thread = threading.Thread(target=self._hash, name="dspark-patch-layer-hash", daemon=True)
-        self._thread.start()
-        self._done = False
-
-    def _hash(self) -> None:
-        while (data := self._pending.get()) is not None:
-            self._sha256.update(data)
-
-    def readable(self) -> bool:
-        return True
-
-    def read(self, n: int = -1) -> bytes:
-        data = self._fh.read(n)
-        if data and not self._done:
-            self._pending.put(data)
-        return data
-
-    def readinto(self, buffer: Any) -> int:
-        data = self.read(len(buffer))
-        buffer[:len(data)] = data
-        return len(data)
-
-    def stop(self) -> None:
-        """End the hashing thread (after `drain`, or when the layer is given up)."""
-        if not self._done:
-            self._done = True
-            self._pending.put(None)
-            self._thread.join()
-
-    def drain(self) -> str:
-        while self.read(1 << 20):
-            pass
-        self.stop()
-        return "sha256:" + self._sha256.hexdigest()
-
-
-class _Member(io.RawIOBase):
-    """The current member of a `TarStream` as a file object, with a peek at its start."""
-
-    def __init__(self, stream: TarStream) -> None:
-        self._chunks = self._hashed(stream.chunks())
-        self._buffer = b""
-        self._sha256 = hashlib.sha256()
-        self._hashing = True
-
-    def unhashed(self) -> None:
-        """From now on the member is not hashed (its digest is taken by whoever reads it)."""
-        self._hashing = False
-
-    def _hashed(self, chunks: Iterator[bytes]) -> Iterator[bytes]:
-        for chunk in chunks:
-            if self._hashing:
-                self._sha256.update(chunk)
-            yield chunk
-
-    def drain(self) -> str:
-        """Read the rest; the digest of the whole member."""
-        for _ in self._chunks:
-            pass
-        return "sha256:" + self._sha256.hexdigest()
-
-    def peek(self, n: int) -> bytes:
-        while len(self._buffer) < n:
-            chunk = next(self._chunks, b"")
-            if not chunk:
-                break
-            self._buffer += chunk
-        return self._buffer[:n]
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        if not self._buffer:
-            self._buffer = next(self._chunks, b"")
-        n = min(len(buffer), len(self._buffer))
-        buffer[:n] = self._buffer[:n]
-        self._buffer = self._buffer[n:]
-        return n
-
-
-def _is_tar_header(block: bytes) -> bool:
-    stored = block[148:156].strip(b" \0")
-    try:
-        value = int(stored, 8)
-    except ValueError:
-        return False
-    return value == sum(block[:148]) + 256 + sum(block[156:])
-
-
-def _digest_of(name: str) -> str:
-    # blobs/sha256/HEX (OCI layout) or HEX/layer.tar (the older layout)
-    parts = name.split("/")
-    if len(parts) == 3 and parts[0] == "blobs":
-        return f"{parts[1]}:{parts[2]}"
-    return f"sha256:{parts[0]}" if len(parts) == 2 and parts[1] == "layer.tar" else name

@@ -1,7 +1,7 @@
 """The Docker engine as an `ImageStore` (targets/base.py): what the pipeline and `status` may
 ask of images, each answered by the module that owns it here (client, transfer, emulation,
-result_image, target). `targets.open_store()` hands it out; nothing outside this package
-names it.
+result_image, reader, save_views, target). `targets.open_store()` hands it out; nothing outside
+this package names it.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from ..layers.cache import ScanCache
 from . import reader
 from .client import DockerEngine
 from .emulation import check_emulation, engine_platform
+from .save_views import save_views
 from .tag_lock import name_image, refuse_taken
 from .target import ImageTarget
 
@@ -69,7 +70,7 @@ class DockerStore:
 
     def save_views(self, image_ids: Sequence[str], distribution: str,
                    keep: Iterable[str] = (), cache: ScanCache | None = None) -> dict[str, LayerView | DsparkPatchError]:
-        return reader.save_views(self.engine, image_ids, distribution, keep, cache)
+        return save_views(self.engine, image_ids, distribution, keep, cache)
 
 
 __all__ = ["DockerStore"]

@@ -56,7 +56,8 @@ from ..layers.scan import scan_layer
 from . import emulation, result_image, tag_lock, tree_hashes
 from .client import DockerEngine, ImageInfo
 from .container import NEW_FILE, ExecutableMissing, FileMeta, RunningCall, WorkContainer
-from .reader import ImageReader, save_layer_where, save_views
+from .reader import ImageReader
+from .save_views import save_layer_where, save_views
 
 if TYPE_CHECKING:
     from ...patching.plan import PatchPlan
