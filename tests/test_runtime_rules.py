@@ -115,7 +115,8 @@ def test_debian_sitecustomize_is_known_and_any_other_is_named() -> None:
 
 
 # --- the image's own python as it starts (inside/started.py's answer, judged here) ------------
-from dspark_patch.targets.runtime import judge_started, start_of, started_argv  # noqa: E402
+from dspark_patch.targets.image_start import start_of, started_argv  # noqa: E402
+from dspark_patch.targets.runtime import judge_started  # noqa: E402
 
 STDLIB = "/usr/lib/python3.11"
 

@@ -1,7 +1,7 @@
 # What the image's python does at start, asked of that python as the image starts it.
 #
 # The one script here that does NOT run isolated: it runs as the image's USER, in its WORKDIR,
-# with its Env and the entrypoint's python and flags (targets/runtime.py `Start`), so that
+# with its Env and the entrypoint's python and flags (targets/image_start.py `Start`), so that
 # `site` does at start what it does when the image starts: every .pth on every site folder,
 # sitecustomize, usercustomize. What it prints is a second opinion that can only add findings
 # (targets/runtime.py `judge_started`): code that ran before it may lie, never vouch.

@@ -19,6 +19,8 @@ an `__init__.py`, or a module file `vllm.py`, `vllm.pyc`, `vllm*.so`), a `sitecu
 `usercustomize` or `_distutils_hack` there (what setuptools' `.pth` imports at start), a Debian sitecustomize that is not Debian's, an `apport_python_hook`
 the Debian one would import, and `PYTHONHOME`. Only what the config says and a path stat shows:
 nothing runs. Both status routes, `verify` and `apply` ask it (one rule), docs/status.md.
+`judge_started` judges what the image's own python, started as the image starts it, answered.
+How the image starts its python (its argv, flags, sys.path[0]) is targets/image_start.py's.
 Stdlib-free of the engine: `stat` and `read_small` are the caller's.
 """
 
@@ -27,62 +29,22 @@ from __future__ import annotations
 import hashlib
 import posixpath
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from ..references import DISTUTILS_HACK, KNOWN_DISTUTILS_HACK, KNOWN_PTH
 from . import interpreter as interp
-from .imageconfig import image_argv, image_env, is_dir, is_link, search_dirs
+from .image_start import ReadSmall, start_of
+from .imageconfig import is_dir, is_link
 
-ReadSmall = Callable[[str], "bytes | None"]
 # A folder's `.pth` files by name (None: too large or not a regular file, so not read); None when
 # there is no such folder.
 PthFiles = Callable[[str], "Mapping[str, bytes | None] | None"]
 # Debian's /etc/python3.X/sitecustomize.py (bookworm's 3.11, trixie's 3.13): the apport hook.
 _DEBIAN_SITECUSTOMIZE_TEXT = (b"# install the apport exception handler if available\ntry:\n    import apport_python_hook\n"
                               b"except ImportError:\n    pass\nelse:\n    apport_python_hook.install()\n")
-_OPTIONS_WITH_VALUE = frozenset("WXQ")
 # Modules that run at start: `site` imports the first two; setuptools' distutils-precedence.pth
 # (in any site folder) imports the first `_distutils_hack` on sys.path.
 _STARTUP = ("sitecustomize", "usercustomize", "_distutils_hack")
-
-
-# Programs that only exec their arguments (an init for PID 1, `env` with assignments): the tool
-# models what they start. Shells are modelled only bare (an interactive default that runs nothing).
-_TRAMPOLINES = frozenset({"tini", "tini-static", "dumb-init", "catatonit"})
-_SHELLS = frozenset({"sh", "bash", "dash", "ash", "zsh", "ksh", "busybox"})
-
-
-def unwrap(argv: list[str]) -> tuple[list[str], dict[str, str], str | None]:
-    """The command behind trampolines (`tini --`, `dumb-init`, `env NAME=VALUE`): (its argv, the
-    Env those assignments add, why it cannot be followed, or None)."""
-    assigned: dict[str, str] = {}
-    argv = list(argv)
-    while argv:
-        name = posixpath.basename(argv[0])
-        if name in _TRAMPOLINES:
-            rest = argv[1:]
-            if "--" in rest:
-                rest = rest[rest.index("--") + 1:]
-            elif rest and rest[0].startswith("-"):
-                return argv, assigned, f"{name} with options the tool does not model"
-            argv = rest
-        elif name == "env":
-            rest = argv[1:]
-            while rest and "=" in rest[0] and not rest[0].startswith("-"):
-                key, _, value = rest.pop(0).partition("=")
-                assigned[key] = value
-            if rest and rest[0].startswith("-"):
-                return argv, assigned, "env with options the tool does not model"
-            argv = rest
-        else:
-            break
-    return argv, assigned, None
-
-
-def _shown(argv: list[str]) -> str:
-    text = " ".join(argv)
-    return repr(text if len(text) <= 80 else text[:77] + "...")
 
 
 def _known_sitecustomize(data: bytes) -> bool:
@@ -91,28 +53,6 @@ def _known_sitecustomize(data: bytes) -> bool:
 
 def _exists(found: Mapping[str, Any] | None) -> bool:
     return found is not None
-
-
-def _flags(args: list[str]) -> tuple[set[str], str | None, str | None]:
-    """(single-letter flags, "-m"/"-c"/None, the script) of a python command line's arguments."""
-    flags: set[str] = set()
-    args = list(args)
-    while args:
-        arg = args.pop(0)
-        if arg == "--" or not arg.startswith("-") or arg == "-":
-            return flags, None, (None if arg in ("--", "-") else arg)
-        if arg.startswith("--"):
-            continue  # --check-hash-based-pycs etc.: nothing that changes sys.path
-        letters = arg[1:]
-        for i, letter in enumerate(letters):
-            if letter in "mc":
-                return flags, f"-{letter}", None
-            if letter in _OPTIONS_WITH_VALUE:
-                if i == len(letters) - 1 and args:
-                    args.pop(0)
-                break
-            flags.add(letter)
-    return flags, None, None
 
 
 def _home(config: Mapping[str, Any], env: Mapping[str, str], read_small: ReadSmall) -> str:
@@ -141,80 +81,6 @@ def _holders(folder: str, top: str, python: str | None, stat: interp.Stat) -> li
     names += [f"{name}.{ext}" for name in _STARTUP for ext in ("py", "pyc")]
     found += [f"{folder}/{name}" for name in names if _exists(stat(f"{folder}/{name}"))]
     return found
-
-
-@dataclass(frozen=True, kw_only=True)
-class Start:
-    """How the image starts its python, as far as the config and path stats show.
-
-    `python`: the interpreter that runs (the entrypoint's, or its script's `#!` one), None when
-    the command is not a python or cannot be followed (`unmodelled` says why); `flags`: its
-    single-letter options; `first`: what CPython puts at sys.path[0] and why; `env`: what the
-    trampolines add to the image's Env."""
-
-    argv: tuple[str, ...]
-    env: Mapping[str, str]
-    python: str | None
-    flags: frozenset[str]
-    first: tuple[str, str] | None
-    unmodelled: tuple[str, ...]
-
-    @property
-    def isolated(self) -> bool:
-        return "I" in self.flags
-
-    @property
-    def ignores_env(self) -> bool:
-        """-I or -E: no PYTHON* variable applies."""
-        return self.isolated or "E" in self.flags
-
-    @property
-    def safe_path(self) -> bool:
-        """-I, -P or PYTHONSAFEPATH: nothing is put at sys.path[0]."""
-        return self.isolated or "P" in self.flags or (not self.ignores_env and bool(self.env.get("PYTHONSAFEPATH")))
-
-
-def start_of(config: Mapping[str, Any], stat: interp.Stat, read_small: ReadSmall, *, what: str) -> Start:
-    """The image's start (see `Start`); `what` names the checked code in "not verified" lines."""
-    workdir = str(config.get("WorkingDir") or "/")
-    lines: list[str] = []
-    flags: set[str] = set()
-    first: tuple[str, str] | None = None
-    python: str | None = None
-    argv, assigned, unmodelled = unwrap(image_argv(config))
-    command = interp.resolve_command(argv[0], search_dirs(config), stat) if argv and unmodelled is None else None
-    if unmodelled is not None:
-        lines.append(f"the image starts {_shown(image_argv(config))}: {unmodelled}; what it runs before or instead of "
-                     f"{what} is not verified")
-    elif argv and command is None:
-        lines.append(f"the image starts {_shown(argv)}, which the tool does not find in the image (along its PATH); "
-                     f"what it runs before or instead of {what} is not verified")
-    if command is not None and interp.is_python_name(command):
-        python = command
-        flags, mode, script = _flags(argv[1:])
-        if mode is not None:
-            first = (workdir, f"the working dir, first on sys.path for `python {mode}`")
-        elif script is not None:
-            where = script if script.startswith("/") else posixpath.join(workdir, script)
-            first = (posixpath.dirname(posixpath.normpath(where)), f"the folder of the script {script}")
-    elif command is not None:
-        head = read_small(command) or b""
-        named = interp.shebang_python(head)
-        if named is not None:
-            words = head[2:].split(b"\n", 1)[0].decode("utf-8", "replace").split()
-            flags, _, _ = _flags([w for w in words[1:] if w.startswith("-")])
-            python = named if named.startswith("/") else interp.resolve_command(named, search_dirs(config), stat)
-            first = (posixpath.dirname(command), f"the folder of the entrypoint script {command}")
-        elif not (posixpath.basename(command) in _SHELLS and len(argv) == 1):
-            # A shell with a command, a shell script, any other program: what it starts, with
-            # which Env and working dir, is not in the config. (A bare shell runs nothing: a
-            # deployment gives its command at run time.)
-            kind = "a shell with a command or script" if posixpath.basename(command) in _SHELLS else \
-                "a program that is not Python (a shell script, a launcher)"
-            lines.append(f"the image starts {_shown(argv)} ({command}): {kind} the tool does not model; what it runs "
-                         f"before or instead of {what} is not verified")
-    return Start(argv=tuple(argv), env={**image_env(config), **assigned}, python=python, flags=frozenset(flags),
-                 first=first, unmodelled=tuple(lines))
 
 
 def runs_first(config: Mapping[str, Any], stat: interp.Stat, read_small: ReadSmall, *, site: str,
@@ -325,22 +191,11 @@ def pth_first(sites: Sequence[str], user_site: str | None, pth_files: PthFiles, 
     return lines
 
 
+# The finders CPython installs, and the one setuptools' distutils-precedence.pth adds at start.
 # Files of the standard library's folder that `sys.stdlib_module_names` does not list (Debian's).
 _STDLIB_UNLISTED = frozenset({"_distutils_system_mod"})
-# The finders CPython installs, and the one setuptools' distutils-precedence.pth adds at start.
 _KNOWN_FINDERS = frozenset({"_frozen_importlib.BuiltinImporter", "_frozen_importlib.FrozenImporter",
                             "_frozen_importlib_external.PathFinder", "_distutils_hack.DistutilsMetaFinder"})
-
-
-def started_argv(start: Start, *, top: str, source: str) -> list[str] | None:
-    """The command that asks the image's python, started as the image starts it, what it
-    imported at start and where `import top` resolves (`source`: inside/started.py, run as
-    `-c`); None when the start is not a python the tool follows."""
-    if start.python is None or start.unmodelled:
-        return None
-    first = start.first[0] if start.first is not None and not start.safe_path else ""
-    flags = [f"-{f}" for f in sorted(start.flags & set("IEsSP"))]
-    return [start.python, *flags, "-B", "-c", source, first, top]
 
 
 def judge_started(answer: Any, *, site: str, top: str) -> list[str]:

@@ -37,7 +37,7 @@ from ...errors import (
 )
 from ...inside import ISOLATED
 from ...inside import source as inside_source
-from .. import imageconfig, interpreter, kept, runtime
+from .. import image_start, imageconfig, interpreter, kept, runtime
 from ..base import (
     HANDSHAKE_PREFIX,
     CommittedImage,
@@ -342,8 +342,8 @@ class ImageTarget:
         start-up code, as the probe does, in this container."""
         top = distribution.replace("-", "_").lower()
         config = self.source.config
-        start = runtime.start_of(config, self._stat, self._read_small, what=f"{location}/{top}")
-        argv = runtime.started_argv(start, top=top, source=inside_source("started"))
+        start = image_start.start_of(config, self._stat, self._read_small, what=f"{location}/{top}")
+        argv = image_start.started_argv(start, top=top, source=inside_source("started"))
         if argv is None:
             return ()  # not a python the tool follows: `runs_first` names it as not verified
         user = str(config.get("User") or "0")
