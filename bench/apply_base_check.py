@@ -1,7 +1,7 @@
 """Benchmark: what apply's check of the tree against the published wheel costs.
 
-`apply` now checks the whole tree before it writes (pipeline/steps.py: check_base: every file
-against the shipped reference, every .pyc recompiled), while the probe started early warms up
+`apply` now checks the whole tree before it writes (pipeline/integrity_check.py: check_base:
+every file against the shipped reference, every .pyc recompiled), while the probe started early warms up
 in the same container. This runs `dspark-patch apply --image` on the fixture with the check and
 without it (the same CLI with `check_base` replaced by a no-op, in a subprocess), alternately for
 a few rounds, and prints each time, the medians and their ratio.

@@ -1,8 +1,8 @@
 """The pipeline: command line -> plan -> target -> report.
 
 `commands` holds apply / verify / probe of one target; `platforms` runs them per platform of an
-image index; `steps` the steps every target shares;
-`image_steps` those of an image; `record` the run's record that becomes the AuditReport.
+image index; `steps` the steps every target shares; `integrity_check` the tree against the
+published wheel; `image_steps` those of an image; `record` the run's record that becomes the AuditReport.
 """
 
 from typing import TYPE_CHECKING, Any

@@ -31,6 +31,7 @@ from .image_steps import (
     take_layer,
     unimported_copies,
 )
+from .integrity_check import check_base, check_integrity, integrity_problems
 from .local_steps import LocalFlow
 from .requests import ApplyRequest, ImageSpec, LocalSpec, ProbeRequest, TargetSpec, VerifyRequest
 from .runlog import ResultCallback, RunLog, StepCallback, target_report, with_distribution
@@ -39,14 +40,11 @@ from .steps import (
     EarlyStart,
     bytecode_paths,
     bytecode_restore_plan,
-    check_base,
-    check_integrity,
     check_known_images,
     check_post_images,
     check_written,
     compile_files,
     file_reports,
-    integrity_problems,
     patch_name,
     plan_or_none,
     prepare,

@@ -9,7 +9,8 @@ engine reads the container's own filesystem, where nothing but the tool's proces
 check runs before anything is written, and the early probe only reads). The image's python still
 walks the folders (lstat before open, what is a regular file, its size) and gives every other
 fact; the host takes these hashes only when its archive lists exactly the regular files the walk
-found, with the same sizes (steps.py `check_integrity`), and otherwise the walk hashes as before.
+found, with the same sizes (pipeline/integrity_check.py `check_integrity`), and otherwise the
+walk hashes as before.
 
 The archive is hostile input like a layer: it is read with the strict tar reader, and anything
 it refuses, or a hard link to a file it has not seen, is "cannot tell" (None), never a hash.
