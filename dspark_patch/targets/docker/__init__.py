@@ -7,13 +7,18 @@ One idea a module:
   naming.py     our containers' names and who owns one (the only place that decides either)
   container.py  WorkContainer: one keep-alive container; call, copy_out, copy_into (never committed)
   append.py     the source plus one layer tar, config kept, loaded as a `docker load` archive
-  result_image.py  the patched image: source + layer (append.py), checked field by field
+  result_image.py  the patched image: source + layer (append.py), checked field by field;
+                ResultImage: it named last, pushed, or taken back; a source named as it is
   tag_lock.py   the tag, set last under the engine's lock on it (a container name is atomic)
   gc.py         `dspark-patch gc`: killed runs' containers and tag locks
   save_views.py  the images' layers from one `docker save` stream, scanned as they arrive
   store.py      DockerStore: the engine as the `ImageStore` of targets/base.py (targets.open_store)
   signals.py    SIGTERM -> SystemExit while a container is alive, so it is removed
   target.py     ImageTarget: the Target protocol and ImageCapable on top of those
+  work_image.py WorkImage: what ImageTarget's helpers below ask of it (they never import it)
+  locate.py     which python of the image owns a distribution; copies no interpreter imports
+  started.py    the image's own python, started as the image starts it: what it imports first
+  layer_check.py  the source's layers and the new layer through the strict layer reader
 """
 
 from __future__ import annotations

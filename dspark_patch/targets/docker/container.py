@@ -7,7 +7,7 @@ on every way out, also when starting fails or SIGTERM arrives; `DSPARK_PATCH_KEE
 keeps it for debugging and leaves a note saying how to remove it.
 
 Everything run here runs as root in `/` with its environment given per exec, but the one check of
-the image as it starts (its USER and WORKDIR; targets/docker/target.py `as_started`).
+the image as it starts (its USER and WORKDIR; targets/docker/started.py).
 """
 
 from __future__ import annotations

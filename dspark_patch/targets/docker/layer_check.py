@@ -1,0 +1,95 @@
+"""The strict layer reader on an image target's layers (docs/design.md: the source's layers, through
+the strict reader): the source image's layers read as `status --via layers` reads them, from the
+scan cache by diff_id or else one save (`check_layers`); the scan of the layer apply added, kept
+beside them (`keep_layer_scan`); and the new layer's own check (`layer_entries`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import threading
+from collections.abc import Iterable
+
+from ...errors import CheckFailed, DsparkPatchError, EnvironmentProblem
+from ..base import LayerEntry
+from ..layerfs import merge_scans, status_keep
+from ..layers import TarStream
+from ..layers.cache import ScanCache
+from ..layers.scan import scan_layer
+from .client import DockerEngine, ImageInfo
+from .save_views import save_layer_where, save_views
+
+
+def check_layers(engine: DockerEngine, source: ImageInfo, ref: str, distribution: str, keep: Iterable[str],
+                 cache: ScanCache, *, stop: threading.Event | None = None) -> bool:
+    """Read the source image's layers with the strict layer reader, as `status --via layers`
+    does, and raise what it refuses (a header two tar readers read differently, an unclean
+    name, a link over a folder, a cap): apply works on what the engine unpacked, but an image
+    whose layers the reader refuses is hostile, and the audit of its result would be an
+    error row. A layer whose scan `cache` holds (by diff_id) is not read again, so an image
+    whose every layer is cached costs no save; returns whether a save was needed. Setting
+    `stop` ends a save under way (EnvironmentProblem)."""
+    diff_ids = source.diff_ids
+    scans = [cache.get(d) for d in diff_ids]
+    if diff_ids and all(s is not None for s in scans):
+        found: object = merge_scans([s for s in scans if s is not None], where=f"image {ref}")
+        saved = False
+    else:
+        found = save_views(engine, [source.id], distribution, keep, cache, stop=stop).get(source.id)
+        saved = True
+    if found is None:
+        raise EnvironmentProblem(f"the engine's save of image {ref} did not hold all of its layers")
+    if isinstance(found, DsparkPatchError):
+        raise type(found)(f"image {ref}: {found.message}; nothing was written",
+                          hint=found.hint or "the engine and this tool could unpack this image differently; "
+                          "rebuild it from trusted layers")
+    return saved
+
+
+def keep_layer_scan(layer: bytes | None, distribution: str, keep: Iterable[str], cache: ScanCache) -> None:
+    """The scan of the layer `commit` added, into `cache` by its diff_id (the sha256 of these
+    very bytes, which the engine checked on load), named as a save would name it: a status of
+    the result then saves nothing (the source's layers are there from `check_layers`). A
+    layer the reader refuses is not kept: a later read says so itself."""
+    if layer is None:
+        return
+    digest = "sha256:" + hashlib.sha256(layer).hexdigest()
+    try:
+        scan = scan_layer(io.BytesIO(layer), where=save_layer_where(digest), keep=status_keep(distribution, keep))
+    except DsparkPatchError:
+        return
+    cache.put(digest, scan)
+
+
+def layer_entries(layer: bytes) -> tuple[LayerEntry, ...]:
+    """What a layer tar holds: each entry's path (absolute), kind and, for a file, its sha256.
+
+    Read with the strict layer reader (targets/layers): a header the engine could read otherwise
+    than we do, a path twice, an opaque folder, a link or a device is refused, never taken."""
+    entries = []
+    seen: set[str] = set()
+    stream = TarStream(io.BytesIO(layer), where="the new layer")
+    for member in stream:
+        if not member.name:
+            continue
+        if member.name in seen:
+            raise stream.refuse("a path twice in the new layer")
+        seen.add(member.name)
+        folder_name, _, base = member.name.rpartition("/")
+        if base == ".wh..wh..opq" or base.startswith(".wh..wh."):
+            raise CheckFailed(f"the new layer makes /{folder_name} opaque (it would hide the folder's lower contents)")
+        if member.kind == "file" and base.startswith(".wh."):
+            entries.append(LayerEntry(path=f"/{folder_name}/{base[4:]}" if folder_name else f"/{base[4:]}",
+                                      folder=False, sha256=None, deleted=True))
+            continue
+        if member.kind not in ("file", "dir"):
+            raise CheckFailed(f"the new layer holds {member.name}, which is neither a file nor a folder")
+        digest = None
+        if member.kind == "file":
+            h = hashlib.sha256()
+            for chunk in stream.chunks():
+                h.update(chunk)
+            digest = h.hexdigest()
+        entries.append(LayerEntry(path="/" + member.name, folder=member.kind == "dir", sha256=digest))
+    return tuple(entries)
