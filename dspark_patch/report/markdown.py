@@ -7,6 +7,7 @@ placements, compile, probe, the committed layer, and for a failure what to do ne
 
 from __future__ import annotations
 
+from dspark_patch.report.checks import CheckCase, check_cases
 from dspark_patch.report.model import AuditReport, FileReport, ImageRecord
 
 _VERDICT = {
@@ -17,6 +18,11 @@ _VERDICT = {
     "probed": "probe passed",
     "failed": "failed",
 }
+
+# The check groups this page has a section for (the files, byte-compile, probe, integrity,
+# layer, labels, attestations and what went wrong).
+_SHOWN_GROUPS = frozenset({"pre-image", "placement", "post-image", "compile", "probe", "integrity", "bytecode",
+                           "layer", "labels", "attestation", "run"})
 
 
 def _cell(text: object) -> str:
@@ -34,6 +40,20 @@ def _code(text: object) -> str:
 
 def _mark(ok: bool) -> str:
     return "✅" if ok else "❌"
+
+
+def _check_line(c: CheckCase) -> str:
+    """A check as one line: its mark and name, and why when it did not pass."""
+    mark = {"passed": "✅", "failed": "❌", "skipped": "⏭️"}[c.outcome]
+    return f"{mark} {_cell(c.name)}" + (f" — {_cell(c.message)}" if c.message and c.outcome != "passed" else "")
+
+
+def _unshown_failures(cases: list[CheckCase]) -> list[str]:
+    """Failed checks of a group no section of the page shows, so none is missing here."""
+    failed = [c for c in cases if c.outcome == "failed" and c.group not in _SHOWN_GROUPS]
+    if not failed:
+        return []
+    return ["### Checks that failed", "", *(f"- {_check_line(c)}" for c in failed), ""]
 
 
 def _summary_line(report: AuditReport) -> str:
@@ -165,7 +185,9 @@ def to_markdown(report: AuditReport) -> str:
         "",
     ]
 
+    cases = check_cases(report)
     lines += _errors(report)
+    lines += _unshown_failures(cases)
 
     t = report.target
     lines += ["### Target", "", "| | ref | image id | repo digest |", "|---|---|---|---|"]
@@ -269,7 +291,8 @@ def to_markdown(report: AuditReport) -> str:
         lines.append("")
 
     if report.labels:
-        lines += ["### Labels", "", "| label | value |", "|---|---|"]
+        verdicts = [_check_line(c) for c in cases if c.group == "labels"]
+        lines += ["### Labels", "", *verdicts, *([""] if verdicts else []), "| label | value |", "|---|---|"]
         lines += [f"| {_code(k)} | {_code(v)} |" for k, v in report.labels.items()]
         lines.append("")
 
