@@ -120,3 +120,40 @@ def test_markdown_report_leads_with_the_verdict_and_lists_hashes_and_probe_cases
         assert case["name"] in md
     rendered = run("report", "render", str(tmp_path / "r" / "audit.json"), "--format", "md")
     assert rendered.returncode == 0 and rendered.stdout.strip() == md.strip()
+
+
+def _junit_checks(junit: Path) -> list[tuple[str, str, str, str]]:
+    """(group, name, outcome, message) of every test case, as a CI system reads junit.xml."""
+    out = []
+    for tc in ET.parse(junit).getroot().iter("testcase"):
+        failure, skipped = tc.find("failure"), tc.find("skipped")
+        outcome = "failed" if failure is not None else "skipped" if skipped is not None else "passed"
+        message = (failure if failure is not None else skipped if skipped is not None else tc).get("message", "")
+        out.append((tc.get("classname", "").removeprefix("dspark-patch."), tc.get("name", ""), outcome, message))
+    return out
+
+
+@pytest.mark.parametrize("command", ["apply", "verify"])
+def test_audit_json_holds_the_checks_junit_and_markdown_show(command: str, vllm033_tree: Path, tmp_path: Path):
+    # apply on a pristine tree passes; verify of the same pristine tree fails (not patched): both
+    # verdicts' checks are recorded in audit.json, and the other forms show exactly that list.
+    res = run(command, "--root", str(vllm033_tree), "--python", PY, "--json", "--report-dir", str(tmp_path / "r"))
+    assert res.returncode == (0 if command == "apply" else 1), res.stderr
+    recorded = [(c["group"], c["name"], c["outcome"], c["message"]) for c in res.json["checks"]]
+    assert {c[0] for c in recorded} >= {"post-image", "integrity", "probe"}
+    assert any(c[2] == "failed" for c in recorded) == (command == "verify")
+    assert json.loads((tmp_path / "r" / "audit.json").read_text())["checks"] == res.json["checks"]
+    assert _junit_checks(tmp_path / "r" / "junit.xml") == recorded
+    # The forms render the recorded list and compute none of their own: a check recorded in
+    # audit.json (here one added by hand) is what `report render` shows, in JUnit and Markdown.
+    saved = json.loads((tmp_path / "r" / "audit.json").read_text())
+    saved["checks"].append({"group": "sbom", "name": "sbom: lists every file", "outcome": "failed",
+                            "message": "3 files not listed", "detail": ""})
+    (tmp_path / "edited.json").write_text(json.dumps(saved))
+    junit = run("report", "render", str(tmp_path / "edited.json"), "--format", "junit")
+    assert junit.returncode == 0, junit.stderr
+    (tmp_path / "edited.xml").write_text(junit.stdout)
+    assert _junit_checks(tmp_path / "edited.xml") == [*recorded, ("sbom", "sbom: lists every file", "failed",
+                                                                  "3 files not listed")]
+    md = run("report", "render", str(tmp_path / "edited.json"), "--format", "md")
+    assert md.returncode == 0 and "- ❌ sbom: lists every file — 3 files not listed" in md.stdout

@@ -4,12 +4,14 @@ one of them fails the other fails too, with the same message (pure rendering, no
 from __future__ import annotations
 
 import dataclasses
+import json
+import re
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
-import pytest
-
-from dspark_patch.report import markdown
-from dspark_patch.report.checks import CheckCase, check_cases
+from dspark_patch.report import checks, markdown
+from dspark_patch.report.audit_json import from_json_dict, to_json
+from dspark_patch.report.checks import CheckCase, check_cases, record_checks
 from dspark_patch.report.model import AuditReport
 from dspark_patch.report.render import to_junit, to_markdown
 from tests.test_report_render import applied_report
@@ -50,11 +52,32 @@ def test_a_label_set_with_every_post_image_hash_passes_in_junit_and_markdown_ali
     assert "❌" not in section
 
 
-def test_a_failed_check_no_section_shows_is_still_on_the_page(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failed_check_no_section_shows_is_still_on_the_page() -> None:
     # A group the page has no section for (none today): its failure is listed, not dropped.
     assert "### Checks that failed" not in to_markdown(applied_report())
     extra = CheckCase(group="sbom", name="sbom: lists every file", outcome="failed", message="3 files not listed")
-    monkeypatch.setattr(markdown, "check_cases", lambda r: [*check_cases(r), extra])
-    md = markdown.to_markdown(applied_report())
+    report = dataclasses.replace(applied_report(), checks=(*check_cases(applied_report()), extra))
+    md = markdown.to_markdown(report)
     assert "### Checks that failed\n\n- ❌ sbom: lists every file — 3 files not listed" in md
     assert md.index("### Checks that failed") < md.index("### Target")
+
+
+def test_every_group_a_check_uses_is_named_and_the_page_shows_each_but_the_index() -> None:
+    # checks.GROUPS names every group report/checks.py gives a check; the page has a section for
+    # each of them (the index's own checks are the index page's header), so a new group is a
+    # decision for audit.md too, not a silent "Checks that failed" line.
+    source = Path(checks.__file__).read_text(encoding="utf-8")
+    used = set(re.findall(r'group="([a-z-]+)"', source)) | set(re.findall(r'_hash_case\("([a-z-]+)"', source))
+    assert used == set(checks.GROUPS)
+    assert markdown._SHOWN_GROUPS == frozenset(checks.GROUPS) - {"index"}
+
+
+def test_recording_the_checks_is_what_every_form_then_renders() -> None:
+    report = applied_report()
+    recorded = record_checks(report)
+    assert list(recorded.checks) == check_cases(report) and recorded.checks
+    assert to_junit(recorded) == to_junit(report) and to_markdown(recorded) == to_markdown(report)
+    # recorded again after the report changed: the list follows the report, nothing stale stays
+    failed = record_checks(dataclasses.replace(recorded, labels={}))
+    assert [c.name for c in failed.checks if c.group == "labels"] == []
+    assert from_json_dict(json.loads(to_json(recorded))) == recorded

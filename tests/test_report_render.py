@@ -235,7 +235,7 @@ def test_json_has_the_contract_field_names() -> None:
     assert list(doc) == [
         "schema", "command", "status", "exit_code", "tool_version", "started_at", "target",
         "result_image", "patch", "files", "compile", "probe", "integrity", "layer", "labels",
-        "index", "platforms", "attestations", "steps", "errors", "notes",
+        "index", "platforms", "attestations", "checks", "steps", "errors", "notes",
     ]  # fmt: skip
     assert doc["target"]["distribution"] == {"name": "vllm", "version": "0.33.0", "location": SITE}
     assert doc["target"]["image"] == {"ref": "vllm-serving:0.33.0", "id": SOURCE_ID, "repo_digest": None}

@@ -21,6 +21,7 @@ from ..patchset import resolve
 from ..registry import referrers
 from ..registry.index import Registry, parse_index
 from ..registry.platform_select import Platform, select
+from ..report.checks import record_checks
 from ..report.intoto import PREDICATE_TYPE, subjects, to_intoto
 from ..report.model import AttestationReport, AuditReport, StepReport, TargetReport
 from .image_steps import LABEL_PREFIX
@@ -63,7 +64,9 @@ def sign_and_attach(report: AuditReport, signer: Signer, on_step: StepCallback |
 
     start = time.monotonic()
     (name, digest), *more = pushed
-    statement = to_intoto(replace(report, attestations=()), subject_name=name, subject_digest=digest, more=more)
+    # The signed predicate holds the checks of the report it is: this one, before attaching.
+    statement = to_intoto(record_checks(replace(report, attestations=())), subject_name=name, subject_digest=digest,
+                          more=more)
     signed = envelope(statement, signer)
     step("sign", start)
     annotations = _annotations(report)
@@ -144,6 +147,6 @@ def verify_attestation(request: AttestationRequest, *, on_step: StepCallback | N
                                      hint="attach one with `apply --push --sign-key`, or check --key")
         run.notes.append(f"{len(found)} manifest(s) carry a valid attestation signed by key {verifier.keyid[:16]}; "
                          "no layer was pulled")
-        return run.report("verified")
+        return record_checks(run.report("verified"))
     except DsparkPatchError as exc:
-        return run.report("failed", exc)
+        return record_checks(run.report("failed", exc))

@@ -2,8 +2,9 @@
 
 Checks are data: every check of a run (each file's pre-image hash, hunk placement, post-image
 hash and byte-compile; integrity; bytecode; layer; labels; each probe case; each signed
-attestation) is derived here, once, and each report format renders the same list rather than
-computing its own, so audit.md and junit.xml agree by construction. A run that failed for a
+attestation) is derived here, once, and recorded in the report as the run ends (`record_checks`,
+called by the pipeline): audit.json holds the list, and audit.md, junit.xml and the attestation
+render it rather than computing their own, so they agree by construction. A run that failed for a
 reason no check shows (a hunk that does not apply, a missing image, an engine that cannot be
 reached) gets one more failing check named after the error, so a failed run is never green; an
 error that a failing check already shows is not counted twice. Pure: no XML, no Markdown.
@@ -11,12 +12,15 @@ error that a failing check already shows is not counted twice. Pure: no XML, no 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import replace
 
-from dspark_patch.report.model import AuditReport, FileReport
+from dspark_patch.report.model import AuditReport, CheckCase, CheckOutcome, FileReport
 
-Outcome = Literal["passed", "failed", "skipped"]
+Outcome = CheckOutcome
+
+# Every group a check here can have, in reading order (JUnit's classnames; audit.md's sections).
+GROUPS = ("pre-image", "placement", "post-image", "compile", "integrity", "bytecode", "layer", "labels", "probe",
+          "attestation", "index", "run")
 
 # Which check groups already show an error of this kind when they fail.
 _SHOWN_BY: dict[str, frozenset[str]] = {
@@ -28,17 +32,6 @@ _SHOWN_BY: dict[str, frozenset[str]] = {
     "modified-base": frozenset({"integrity", "bytecode"}),
     "attestation-invalid": frozenset({"attestation"}),
 }
-
-
-@dataclass(frozen=True, kw_only=True)
-class CheckCase:
-    """One check, as every format shows it: its group, name, outcome and why."""
-
-    group: str           # pre-image, placement, post-image, compile, probe, ... (JUnit's classname)
-    name: str
-    outcome: Outcome
-    message: str = ""    # one line: why it failed or was skipped
-    detail: str = ""     # the longer evidence (JUnit: the failure's body)
 
 
 def _hash_case(group: str, f: FileReport, actual: str | None, expected: str | None, side: str) -> CheckCase:
@@ -109,6 +102,24 @@ def _file_cases(report: AuditReport, f: FileReport) -> list[CheckCase]:
     else:
         cases.append(_hash_case("post-image", f, f.post_sha256, f.expected_post_sha256, "post"))
     return cases
+
+
+def record_checks(report: AuditReport) -> AuditReport:
+    """The report with its checks recorded: derived from what it holds now (each platform's report
+    of an index run too), replacing any recorded before. The pipeline calls this as a run ends, so
+    audit.json holds the very list audit.md, junit.xml and the attestation show."""
+    platforms = tuple(replace(p, report=record_checks(p.report)) for p in report.platforms)
+    unrecorded = replace(report, platforms=platforms, checks=())
+    derived = index_cases(unrecorded) if unrecorded.index is not None else check_cases(unrecorded)
+    return replace(unrecorded, checks=tuple(derived))
+
+
+def checks_of(report: AuditReport) -> list[CheckCase]:
+    """The checks a renderer shows: those the report records; a report written before checks were
+    recorded (an older audit.json read back) has none, and gets them derived the same way."""
+    if report.checks:
+        return list(report.checks)
+    return index_cases(report) if report.index is not None else check_cases(report)
 
 
 def check_cases(report: AuditReport) -> list[CheckCase]:

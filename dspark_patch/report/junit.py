@@ -1,8 +1,9 @@
 """junit.xml: every check of a run as a test case, so CI systems show them natively.
 
-Checks are data: the cases are the list `report/checks.py` derives (one per check and one per
-probe case, plus one for a failure no check shows), rendered here as XML and nothing else, so
-junit.xml and audit.md show the same checks with the same messages.
+Checks are data: the cases are the list the report records (`checks`, derived once by
+`report/checks.py`: one per check and one per probe case, plus one for a failure no check shows),
+rendered here as XML and nothing else, so junit.xml and audit.md show the same checks with the
+same messages.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import re
 import xml.etree.ElementTree as ET
 
-from dspark_patch.report.checks import CheckCase, check_cases, index_cases
+from dspark_patch.report.checks import CheckCase, checks_of
 from dspark_patch.report.model import AuditReport
 
 # XML 1.0 cannot carry control characters or lone surrogates (a probe's terminal colours, a
@@ -60,11 +61,11 @@ def to_junit(report: AuditReport) -> str:
     totals = {"tests": 0, "failures": 0, "skipped": 0}
     suites: list[tuple[AuditReport, str, list[CheckCase]]] = []
     if report.index is None:
-        suites.append((report, f"dspark-patch {report.command}", check_cases(report)))
+        suites.append((report, f"dspark-patch {report.command}", checks_of(report)))
     else:
         for p in report.platforms:
-            suites.append((p.report, f"dspark-patch {report.command} {p.platform}", check_cases(p.report)))
-        own = index_cases(report)
+            suites.append((p.report, f"dspark-patch {report.command} {p.platform}", checks_of(p.report)))
+        own = checks_of(report)
         if own or not report.platforms:
             suites.append((report, f"dspark-patch {report.command} index", own))
     for suite_report, name, cases in suites:

@@ -237,6 +237,21 @@ class AttestationReport:
     detail: str = ""                # why it is invalid or missing; empty when it holds
 
 
+CheckOutcome = Literal["passed", "failed", "skipped"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckCase:
+    """One check, as every format shows it: its group, name, outcome and why (report/checks.py
+    derives them; the pipeline records them in the report)."""
+
+    group: str           # pre-image, placement, post-image, compile, probe, ... (JUnit's classname)
+    name: str
+    outcome: CheckOutcome
+    message: str = ""    # one line: why it failed or was skipped
+    detail: str = ""     # the longer evidence (JUnit: the failure's body)
+
+
 @dataclass(frozen=True, kw_only=True)
 class AuditReport:
     # Field order is audit.json's key order: the verdict, the target, the patch, the evidence.
@@ -263,6 +278,10 @@ class AuditReport:
     platforms: tuple[PlatformReport, ...] = ()
     # Signed attestations attached (`apply --sign-key`) or checked (`verify --attestation`).
     attestations: tuple[AttestationReport, ...] = ()
+    # Every check of the run (report/checks.py), recorded once by the pipeline when the run ends:
+    # audit.md, junit.xml and the attestation render this list, so they agree by construction.
+    # Empty only in a report written before checks were recorded (then the renderers derive it).
+    checks: tuple[CheckCase, ...] = ()
     steps: tuple[StepReport, ...] = ()
     errors: tuple[ErrorReport, ...] = ()
     notes: tuple[str, ...] = ()
