@@ -55,6 +55,12 @@ for module in (apply_cmd, verify_cmd, status_cmd, patches_cmd, port_cmd, report_
     module.register(app)
 
 
+def _terminated(signum: int, frame: object) -> None:
+    """SIGTERM as SystemExit(143), remembered as Ctrl-C is (termination.py)."""
+    termination.record(signum)
+    raise SystemExit(128 + signum)
+
+
 def _interrupted(signum: int, frame: object) -> None:
     """Ctrl-C as Python's own handler has it (KeyboardInterrupt), and remembered: raised inside
     a finaliser, the exception is dropped, and the run's next step stops it (termination.py)."""
@@ -63,9 +69,15 @@ def _interrupted(signum: int, frame: object) -> None:
 
 
 def main() -> None:
-    # A SIGINT the shell ignores (a background job) stays ignored.
+    # A SIGINT the shell ignores (a background job) stays ignored; so does an ignored SIGTERM.
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, _interrupted)
+    # SIGTERM (a CI job's cancel, `docker stop`, `kill`) unwinds the run as Ctrl-C does, on every
+    # command and target: a local tree's write is rolled back, containers are removed, nothing is
+    # tagged, and the exit code is 143 (128 + 15). Where the tool holds containers, their own
+    # handlers (targets/docker/signals.py) take over while they do and give this one back.
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _terminated)
     # Standalone mode: click prints usage errors itself (exit 2) and exits with typer.Exit codes.
     try:
         app()
@@ -78,6 +90,8 @@ def main() -> None:
     except SystemExit as exc:
         if exc.code == 130:  # typer turns Ctrl-C (KeyboardInterrupt) into Exit(130) before it reaches here
             output.line("dspark-patch: interrupted; nothing was committed", err=True)
+        elif exc.code == 143 and termination.received() == signal.SIGTERM:
+            output.line("dspark-patch: terminated; nothing was committed", err=True)
         if exc.code is None or isinstance(exc.code, int):
             _end(exc.code or 0)
         raise

@@ -271,7 +271,7 @@ def _patch(request: ApplyRequest, target: Target, run: RunLog, *, image: _ImageF
         commit_image(image.spec, image.target, plan, patchset, variant, run, dist=dist, on_result=on_result)
         layers.keep_new_layer()
     except BaseException:
-        with run.step("restore"):
+        with run.step("restore", unwinding=True):
             if local is not None:
                 local.target.roll_back()
             else:

@@ -142,7 +142,7 @@ def already_applied(request: ApplyRequest, target: Target, run: RunLog, local: L
             run.skipped("probe", "--no-probe" if not request.probe else "this patch set has no probe")
         settle(run, local, record, "already-applied", on_result)
     except BaseException:
-        with run.step("restore"):
+        with run.step("restore", unwinding=True):
             if local.continued:
                 local.target.roll_back()   # the interrupted run's pre-images, from its journal
                 run.notes.append("the interrupted apply's files were rolled back to the pre-image")

@@ -60,12 +60,18 @@ class RunLog:
         self.draft = replace(self.draft, **fields)
 
     @contextmanager
-    def step(self, name: str) -> Iterator[None]:
-        termination.check()  # a run told to stop starts no step, whatever dropped the signal's exception
+    def step(self, name: str, *, unwinding: bool = False) -> Iterator[None]:
+        """One named, timed step. A run told to stop (SIGTERM, Ctrl-C) starts no step and fails
+        the one under way when it ends, whatever dropped the signal's exception; an `unwinding`
+        step (putting back what the run wrote, as the run ends) runs all the same: a stop must
+        not leave a half-written tree."""
+        if not unwinding:
+            termination.check()
         start = time.monotonic()
         try:
             yield
-            termination.check()
+            if not unwinding:
+                termination.check()
         except BaseException as exc:
             detail = exc.line() if isinstance(exc, DsparkPatchError) else type(exc).__name__
             self.record(StepReport(name=name, status="failed", seconds=time.monotonic() - start, detail=detail))
