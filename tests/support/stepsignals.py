@@ -18,7 +18,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -27,11 +27,13 @@ SENT = "stepsignals: sent"  # on stderr, so a test can tell the signal was sent 
 
 
 def run_signalled_at(step: str, signum: signal.Signals, *args: str, env: dict[str, str] | None = None,
+                     wrap: Callable[[list[str]], list[str]] = list,
                      timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    """`dspark-patch ARGS`, sent `signum` as its step `step` begins."""
+    """`dspark-patch ARGS`, sent `signum` as its step `step` begins; `wrap` puts the command line
+    under another (support/containers.py `on_host`)."""
     # The child gets the default SIGINT and SIGTERM whatever this process was started with (a CI
     # job in the background ignores SIGINT, and an ignored signal is inherited).
-    return subprocess.run([sys.executable, str(SCRIPT), step, signum.name, *args], capture_output=True, text=True,
+    return subprocess.run(wrap([sys.executable, str(SCRIPT), step, signum.name, *args]), capture_output=True, text=True,
                           timeout=timeout, env={**os.environ, **(env or {})},
                           preexec_fn=_default_signals)
 
