@@ -29,7 +29,7 @@ DECOY_SITE = "usr/local/lib/python3.14/site-packages"   # a python the fixture d
 PREFIX = f"127.0.0.1:9/dspark-patch-test/hostile-apply-{secrets.token_hex(3)}"
 
 
-# class 10: the image's own python runs in the work container (locate, integrity, compile, and the
+# new-layer-check: the image's own python runs in the work container (locate, integrity, compile, and the
 # script that writes the new layer's tar). These wrappers stand in for it: the real binary, run
 # as `/usr/bin/python3.11` (so sys.executable, prefix and every check before are as they were),
 # with one twist on one step, keyed on the script's own first line.
@@ -97,12 +97,12 @@ def made(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
             # the same decoy beside the really patched image (it claims the patch in its labels)
             "patched-decoy": [*patched_info["RootFS"]["Layers"], site_layer(copy, DECOY_SITE)],
         }
-        # class 10: the fixture's python3.11 moved aside, a wrapper in its place
+        # new-layer-check: the fixture's python3.11 moved aside, a wrapper in its place
         binary = _python_binary(fixture)
         cases |= {f"python-{name}": [*lower, hostile.layer([
             File("usr/bin/python3.11.real", binary, 0o755), File("usr/bin/python3.11", script.encode(), 0o755)])]
             for name, script in WRAPPERS.items()}
-        # class 2: each tar differential dockerd loads, as one layer over the real fixture
+        # tar-differential: each tar differential dockerd loads, as one layer over the real fixture
         cases |= {f"tar-{case}": [*lower, top] for case, top in tops.items()}
         for name, layers in cases.items():
             tags[name] = f"{PREFIX}-{name.replace(' ', '-').lower()}:1"
@@ -131,7 +131,7 @@ def _refused(tag: str, report: Path, *, says: tuple[str, ...]) -> dict:
     return audit
 
 
-# --- class 3: a decoy site folder ----------------------------------------------------------------
+# --- decoy-site-folder: a decoy site folder -------------------------------------------------------
 def test_apply_refuses_an_image_with_a_vllm_no_interpreter_imports(made: dict[str, str], tmp_path: Path) -> None:
     audit = _refused(made["decoy"], tmp_path / "a", says=(f"/{DECOY_SITE}/vllm", "no interpreter of the image imports",
                                                           f"/{SITE}", "nothing was written"))
@@ -153,7 +153,7 @@ def test_verify_fails_a_patched_image_beside_a_decoy(made: dict[str, str], tmp_p
     _refused(made["patched-decoy"], tmp_path / "a", says=(f"/{DECOY_SITE}/vllm",))
 
 
-# --- class 2: tar differentials the engine loads ---------------------------------------------------
+# --- tar-differential: tar differentials the engine loads -----------------------------------------
 @pytest.fixture(scope="module")
 def hostile_tops(made: dict[str, str]) -> dict[str, str]:
     """Each differential's layer digest (what the refusal must name), read back from the engine."""
@@ -190,7 +190,7 @@ def test_apply_refuses_a_layer_the_strict_reader_refuses(made: dict[str, str], h
     assert "write" in [s["name"] for s in audit["steps"] if s["status"] == "ok"]  # in the container only
 
 
-# --- class 10: the new layer's check, with the image's own python against it ---------------------
+# --- new-layer-check: the new layer's check, with the image's own python against it ---------------
 def test_apply_refuses_a_new_layer_with_a_whiteout_above_a_patched_file(made: dict[str, str], tmp_path: Path) -> None:
     """The python passes locate, the base check and compile; the layer tar it writes carries a
     whiteout of the whole site folder. The layer check (pipeline/image_steps.py: take_layer,

@@ -7,10 +7,10 @@ Each image is a real vLLM 0.33.0 tree (patched with the real patch set, so the h
 Routes: the reader alone (`scan_layer` + `merge`, the layer route), a `docker save` archive
 written by hand (`views_from_save`, the save route), and, where the engine loads the archive,
 the real engine through the CLI (`status --via layers` and `--via container`, `verify`, `apply`).
-Of the tar differentials (class 2), dockerd 20.10 loads five (`ENGINE_LOADS`: they also go
+Of the tar differentials (tar-differential), dockerd 20.10 loads five (`ENGINE_LOADS`: they also go
 through the engine and the CLI) and refuses four (non-octal devmajor, sparse, an unknown type, a
 lone zero block: checked on the reader and the save route only). `../` and other unclean names
-(class 6) are checked on the reader and the save route only (tarfile writes them; moby refuses
+(unclean-member-name) are checked on the reader and the save route only (tarfile writes them; moby refuses
 them, containerd clamps them).
 """
 
@@ -213,7 +213,7 @@ def test_the_honest_images_keep_their_verdicts(trees: dict[str, Path], route: st
     assert verdict(absent) == (None, "absent", False)
 
 
-# --- class 1: a symlink replaces a folder -------------------------------------------------------
+# --- symlink-over-folder: a symlink replaces a folder ---------------------------------------------
 @pytest.mark.parametrize("route", ROUTES)
 @pytest.mark.parametrize("link", ["usr/local/lib/python3.11/dist-packages", "usr/local/lib/python3.11", "usr/local/lib",
                                   "usr/local"])
@@ -255,7 +255,7 @@ def test_a_file_over_a_folder_above_the_site_hides_it_even_unkept(trees: dict[st
     assert row.error is not None
 
 
-# --- class 2: tar parser differentials ----------------------------------------------------------
+# --- tar-differential: tar parser differentials ---------------------------------------------------
 def _patched_member(trees: dict[str, Path]) -> tuple[str, bytes]:
     variant = next(p for p in PATCHSETS if p.id == PATCH_ID).variant_for("0.33.0")
     rel = sorted(variant.files)[0]
@@ -322,7 +322,7 @@ def test_a_checksum_mismatch_is_refused() -> None:
         scan_layer(io.BytesIO(bytes(block) + bytes(1024)), where="layer L", keep=status_keep("vllm"))
 
 
-# --- class 3: a decoy site folder ---------------------------------------------------------------
+# --- decoy-site-folder: a decoy site folder -------------------------------------------------------
 @pytest.mark.parametrize("route", ROUTES)
 def test_a_decoy_site_folder_of_a_python_that_is_not_there_is_not_the_answer(trees: dict[str, Path], route: str) -> None:
     decoy = "usr/local/lib/python3.14/site-packages"
@@ -343,7 +343,7 @@ def test_a_module_file_that_shadows_the_package_is_refused(trees: dict[str, Path
     assert_no_false_verdict(row, says="module named vllm")
 
 
-# --- class 6: member names that are not clean ---------------------------------------------------
+# --- unclean-member-name: member names that are not clean -----------------------------------------
 @pytest.mark.parametrize("route", ROUTES)
 @pytest.mark.parametrize("name", ["{site}/vllm/../vllm/{rel}", "/{site}/{rel}", "./{site}/./{rel}", "{site}//{rel}",
                                   "../{site}/{rel}", "{site}/vllm/./{rel}"])
@@ -368,7 +368,7 @@ def test_a_backslash_is_an_ordinary_character_not_a_path_separator(trees: dict[s
     assert verdict(row) == (None, "absent", False), row
 
 
-# --- class 9: bounded memory and time -----------------------------------------------------------
+# --- resource-exhaustion: bounded memory and time -------------------------------------------------
 def test_a_scan_keeps_only_what_the_check_needs() -> None:
     many = hostile.layer([Dir("data"), *(File(f"data/f{i}", b"x") for i in range(20_000))])
     scan = scan_layer(io.BytesIO(many), where="layer L", keep=status_keep("vllm"))
@@ -452,7 +452,7 @@ def test_a_link_loop_is_an_error_not_a_hang() -> None:
     assert view.resolve("/x/../../y") == "y"  # `..` stops at the root, as in a chroot
 
 
-# --- class 10: the new layer apply takes --------------------------------------------------------
+# --- new-layer-check: the new layer apply takes ---------------------------------------------------
 def test_the_new_layers_check_refuses_differentials_and_opaque_folders(trees: dict[str, Path]) -> None:
     from dspark_patch.errors import CheckFailed
     from dspark_patch.targets.docker.layer_check import layer_entries

@@ -86,7 +86,7 @@ def shadowing_stdlib(tree: Path, marker: Path) -> None:
         (tree / f"{name}.py").write_text(f"open({str(marker)!r}, 'a').write('{name} ran\\n')\n")
 
 
-# --- the reference ----------------------------------------------------------------------------------
+# --- the reference --------------------------------------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.parametrize("release", ["0.33.0", "0.32.0"])
 @pytest.mark.parametrize("platform", ["x86_64", "aarch64"])
@@ -119,7 +119,7 @@ def test_a_wheel_whose_record_lies_gives_no_reference(tmp_path: Path) -> None:
     assert done.returncode == 1 and "demo/__init__.py" in done.stderr and not list(tmp_path.glob("*.json.gz"))
 
 
-# --- class 5: self-attested integrity -----------------------------------------------------------------
+# --- self-attested-integrity: self-attested integrity ---------------------------------------------
 def test_a_hand_edit_with_its_record_row_rewritten_and_startup_hooks_are_findings(tmp_path: Path) -> None:
     clean = vllm.tree_copy("0.33.0", tmp_path / "clean" / "site-packages")
     tree = vllm.tree_copy("0.33.0", tmp_path / "hostile" / "site-packages")
@@ -152,7 +152,7 @@ def test_a_hand_edit_with_its_record_row_rewritten_and_startup_hooks_are_finding
     integrity = res.json["integrity"]
     assert integrity["mismatched"] == ["vllm/__init__.py"] and integrity["record_disagrees"] == ["vllm/__init__.py"]
     assert integrity["added"] == ["sitecustomize.py", "zz-fake.pth"] and integrity["reference"] == f"{X86}.whl"
-    # class 7: the tree's json.py / platform.py never ran (dry run, locate, integrity check)
+    # target-code-on-host: the tree's json.py / platform.py never ran (dry run, locate, integrity check)
     assert not marker.exists()
 
 
@@ -217,7 +217,7 @@ def test_an_unknown_wheel_is_no_reference_and_never_clean(tmp_path: Path) -> Non
     assert res.returncode == 1 and "changed" in res.stderr and "no reference for vllm 0.33.0" in res.stdout
 
 
-# --- class 4: forged bytecode ----------------------------------------------------------------------------
+# --- forged-bytecode: forged bytecode -------------------------------------------------------------
 def test_forged_bytecode_is_caught_by_verify_and_status(tmp_path: Path, patched033_tree: Path) -> None:
     tree = patched033_tree  # `apply --no-probe` of a fresh tree, made once per session (tests/conftest.py)
     code, doc = status_json("--root", str(tree))
@@ -252,7 +252,7 @@ def test_forged_bytecode_is_caught_by_verify_and_status(tmp_path: Path, patched0
     assert not marker.exists()  # neither the forged code nor the shadowing modules ran
 
 
-# --- apply refuses a tree that is not the published wheel (classes 4, 5, 9) ------------------------------
+# --- apply refuses a tree that is not the published wheel (forged-bytecode, self-attested-integrity, resource-exhaustion) ---
 def _hand_edit(tree: Path) -> None:
     init = tree / "vllm/__init__.py"
     edited = init.read_bytes() + b"\nimport os  # by hand\n"
@@ -295,7 +295,7 @@ NOT_THE_WHEEL = {  # class: what status and verify name (the twist)
 def test_apply_refuses_a_tree_that_is_not_the_published_wheel(tmp_path: Path, case: str) -> None:
     """The pre-image hashes of the two patched files hold; the rest of the tree is not the
     wheel. apply refuses before writing (exit 1, one line), status is not clean, and nothing of
-    the tree runs on the host (class 7)."""
+    the tree runs on the host (target-code-on-host)."""
     twist, named = NOT_THE_WHEEL[case]
     tree = vllm.tree_copy("0.33.0", tmp_path / "site-packages")
     twist(tree)
@@ -466,7 +466,7 @@ def test_a_kept_bytecode_proof_spares_the_compile_and_never_covers_a_changed_pyc
     assert verify("v5")["integrity"]["bytecode_proofs_reused"] == third["integrity"]["bytecode_proofs_reused"]
 
 
-# --- class 8 / 9: bad RECORD data, FIFOs ------------------------------------------------------------------
+# --- malformed-record, resource-exhaustion: bad RECORD data, FIFOs --------------------------------
 MALFORMED_ROWS = ("vllm/envs.py,sha256=not*base64!,100", "vllm/envs.py,sha256=AAAA,100",
                   "vllm/envs.py,sha256=,12x", "vllm/envs.py,md5=abc,1")
 
@@ -515,7 +515,7 @@ def test_a_fifo_in_record_or_in_place_of_a_file_never_blocks(tmp_path: Path) -> 
     assert "vllm/logger.py" in res.json["integrity"]["mismatched"] and "vllm/listed_fifo" in res.json["integrity"]["added"]
 
 
-# --- an image built FROM the fixture -----------------------------------------------------------------------
+# --- an image built FROM the fixture --------------------------------------------------------------
 def _docker(*args: str) -> str:
     return subprocess.run(["docker", *args], check=True, capture_output=True, text=True).stdout
 

@@ -198,7 +198,7 @@ def test_no_test_asserts_a_duration() -> None:
 
 # A tracker number says nothing to a reader without the tracker: code, tests and docs name the
 # rule (docs/status.md's classes have names). The pattern is built so this file does not match it.
-TRACKER_CITATION = re.compile(r"\b" + "issue" + r"s? \d")
+TRACKER_CITATION = re.compile(r"\b" + "issue" + r"s? \d|\b" + "class" + r"(?:es)? \d")
 
 
 def test_code_tests_and_docs_name_rules_not_tracker_numbers() -> None:
@@ -209,3 +209,4 @@ def test_code_tests_and_docs_name_rules_not_tracker_numbers() -> None:
              if TRACKER_CITATION.search(line)]
     assert found == []
     assert TRACKER_CITATION.search("as " + "issue" + " 16 says") and not TRACKER_CITATION.search("tiss" + "ue 4")
+    assert TRACKER_CITATION.search("(" + "class" + " 3)") and not TRACKER_CITATION.search("subclass" + " 3")
