@@ -11,6 +11,7 @@ import hashlib
 import os
 import re
 import tomllib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -112,6 +113,17 @@ def patches_dir() -> Path:
         return Path(env)
     # Wheels install unpacked and the editable finder maps onto the checkout: always a real folder.
     return Path(str(resources.files("dspark_patch.patches")))
+
+
+def known(patchsets: Iterable[PatchSet]) -> list[PatchSet]:
+    """The patch sets that name their releases and reviewed hashes, what a tree's state is told
+    against; a bare diff file names neither."""
+    return [p for p in patchsets if not p.is_bare]
+
+
+def patched_paths(patchsets: Iterable[PatchSet]) -> frozenset[str]:
+    """Every file a known patch set changes, whatever the release (a tree's views keep their bytes)."""
+    return frozenset(path for p in known(patchsets) for v in p.variants for path in v.files)
 
 
 def available() -> list[PatchSet]:

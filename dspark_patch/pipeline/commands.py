@@ -9,41 +9,34 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
-from ..errors import BadInput, CheckFailed, DsparkPatchError, ProbeFailed, UnreviewedVariant, VerifyMismatch
-from ..patching.diff import Diff
-from ..patching.plan import plan_patch
-from ..patchset import PatchSet, Variant, resolve
+from ..errors import BadInput, CheckFailed, DsparkPatchError, ProbeFailed, VerifyMismatch
+from ..patching.plan import PatchPlan, plan_patch
+from ..patchset import resolve
 from ..report.model import AuditReport, FileReport, ImageRecord
 from ..targets import seal
-from ..targets.base import Distribution, ImageCapable, Journaled, PullCallback, Target
+from ..targets.base import ImageCapable, Journaled, PullCallback, Target
 from . import local_steps
+from .apply_steps import run_steps
+from .context import ApplyContext, ImageFlow, Outcome
 from .image_steps import (
     LayerCheck,
     check_labels,
-    commit_image,
-    name_source,
     refuse_runs_first,
     refuse_started,
     refuse_unimported,
     runs_first,
-    take_layer,
     unimported_copies,
 )
 from .integrity_check import check_base, check_integrity, integrity_problems
-from .local_steps import LocalFlow
 from .requests import ApplyRequest, ImageSpec, LocalSpec, ProbeRequest, TargetSpec, VerifyRequest
 from .runlog import ResultCallback, RunLog, StepCallback, target_report, with_distribution
 from .steps import (
     CachingReader,
     EarlyStart,
-    bytecode_paths,
-    bytecode_restore_plan,
     check_known_images,
     check_post_images,
-    check_written,
-    compile_files,
     file_reports,
     patch_name,
     plan_or_none,
@@ -141,34 +134,25 @@ def _open(spec: TargetSpec, run: RunLog, stack: ExitStack, on_pull: PullCallback
         return target
 
 
-@dataclass(frozen=True, kw_only=True)
-class _ImageFlow:
-    spec: ImageSpec          # what the caller asked of the image (tag, force, push)
-    target: ImageCapable     # the container made from it
-
-
-def _image_flow(spec: TargetSpec, target: Target) -> _ImageFlow | None:
+def _image_flow(spec: TargetSpec, target: Target) -> ImageFlow | None:
     if not isinstance(spec, ImageSpec):
         return None
     if not isinstance(target, ImageCapable):
         raise TypeError(f"an image request opened a {type(target).__name__}, which cannot commit")
-    return _ImageFlow(spec=spec, target=target)
+    return ImageFlow(spec=spec, target=target)
 
 
 def _apply(request: ApplyRequest, target: Target, run: RunLog, on_result: ResultCallback | None) -> AuditReport:
+    """apply's context, made once: what is refused before the plan is refused here."""
     # The image flow, checked once: an image request opens an image target.
     image = _image_flow(request.target, target)
     early = EarlyStart(target, wanted=request.probe and not request.dry_run)
-    patchset, dist, variant, diff = prepare(run, target, request.patch, request.strip, after_load=early)
-    if not patchset.is_bare and variant.review == "unreviewed":
-        if not request.allow_unreviewed:
-            raise UnreviewedVariant(
-                f"patch set {patchset.id} variant {variant.name} is unreviewed (made by `dspark-patch port`"
-                f"{' from ' + variant.ported_from if variant.ported_from else ''}); refusing to apply it",
-                hint="have a person read its review file and set review = \"reviewed\" in patch.toml, "
-                "or pass --allow-unreviewed (the report says so)",
-            )
-        run.notes.append(f"--allow-unreviewed: variant {variant.name} has not been reviewed by a person")
+    patchset, policy, dist, variant, diff = prepare(
+        run, target, request.patch, request.strip, after_load=early,
+        allow_unknown_base=request.allow_unknown_base, allow_unreviewed=request.allow_unreviewed)
+    note = policy.admit(patchset, variant)
+    if note is not None:
+        run.notes.append(note)
     if image is not None and image.spec.tag and not request.dry_run:
         image.target.refuse_existing_tag(image.spec.tag, force=image.spec.force)
     started = None
@@ -179,9 +163,11 @@ def _apply(request: ApplyRequest, target: Target, run: RunLog, on_result: Result
     # A local tree: first finish or undo what an interrupted apply left (its journal).
     local = local_steps.recover(run, target, diff, dry_run=request.dry_run) \
         if isinstance(request.target, LocalSpec) and isinstance(target, Journaled) else None
+    ctx = ApplyContext(request=request, target=target, run=run, on_result=on_result, patchset=patchset, policy=policy,
+                       dist=dist, variant=variant, diff=diff, reader=CachingReader(target), early=early, image=image,
+                       local=local, layers=layers)
     try:
-        return _patch(request, target, run, image=image, early=early, patchset=patchset, dist=dist, variant=variant,
-                      diff=diff, layers=layers, on_result=on_result, local=local)
+        return _patch(ctx)
     except CheckFailed:
         # What runs first decides what the rest means (as verify says it first): a check that
         # failed on an image that runs other code is refused as that.
@@ -193,98 +179,50 @@ def _apply(request: ApplyRequest, target: Target, run: RunLog, on_result: Result
             layers.cancel()  # a refusal or failure: no save of the image outlives the run
 
 
-def _patch(request: ApplyRequest, target: Target, run: RunLog, *, image: _ImageFlow | None, early: EarlyStart,
-           patchset: PatchSet, dist: Distribution, variant: Variant, diff: Diff, layers: LayerCheck | None,
-           on_result: ResultCallback | None, local: LocalFlow | None) -> AuditReport:
-    """apply's plan, base check, write, compile, layer, probe and commit (`_apply` checked the rest)."""
-    reader = CachingReader(target)
-    hash_checks = not patchset.is_bare and not request.allow_unknown_base
+def _patch(ctx: ApplyContext) -> AuditReport:
+    """apply's plan and base check; then the outcome, decided here only, and its steps (apply_steps.py)."""
+    run, policy = ctx.run, ctx.policy
     assert run.draft.patch is not None  # set by prepare()
-    run.update(patch=replace(run.draft.patch, hash_checks=hash_checks))
-    if request.allow_unknown_base and not patchset.is_bare:
-        run.notes.append("--allow-unknown-base: pre-image hashes not enforced; relying on zero-fuzz placement alone")
+    run.update(patch=replace(run.draft.patch, hash_checks=policy.hash_checks))
+    run.notes.extend(policy.notes)
+    ctx = replace(ctx, plan=_plan(ctx))
+    check_base(run, ctx.target, ctx.dist, ctx.diff, ctx.variant, policy)
+    outcome = _outcome(ctx)
+    if outcome == "already-applied" and ctx.local is not None:
+        return local_steps.already_applied(ctx, ctx.local)
+    return run_steps(ctx, outcome)
 
-    with run.step("plan"):
-        if hash_checks:  # before placing hunks: "not the reviewed file" is the clearer message
-            check_known_images(diff, variant, dist, reader)
+
+def _outcome(ctx: ApplyContext) -> Outcome:
+    if ctx.planned.status == "already-applied":
+        return "already-applied"
+    return "dry-run" if ctx.request.dry_run else "applied"
+
+
+def _plan(ctx: ApplyContext) -> PatchPlan:
+    diff, variant, reader, policy = ctx.diff, ctx.variant, ctx.reader, ctx.policy
+    with ctx.run.step("plan"):
+        if policy.hash_checks:  # before placing hunks: "not the reviewed file" is the clearer message
+            check_known_images(diff, variant, ctx.dist, reader)
         # Files that are exactly the reviewed post-images are applied, even where a hunk's
         # context would still fit after it was applied.
-        reviewed_post = not patchset.is_bare and all(
+        reviewed_post = policy.release_checks and all(
             sha256_of(reader(fp.path)) == variant.files[fp.path].post_sha256 for fp in diff.files)
         plan = plan_patch(diff, reader, applied_first=reviewed_post)
-        run.update(files=file_reports(plan, variant))
-        if not patchset.is_bare:
+        ctx.run.update(files=file_reports(plan, variant))
+        if policy.release_checks:
             # Never dropped where the files are the reviewed pre-images (--allow-unknown-base
             # included): the reviewed post-image is then exactly what must come out.
             reviewed_pre = all(fp.pre_sha256 == variant.files[fp.path].pre_sha256 for fp in plan.files)
-            check_post_images(plan, variant, enforce=hash_checks or reviewed_pre or plan.status == "already-applied")
-    check_base(run, target, dist, diff, patchset, variant, allow_unknown_base=request.allow_unknown_base)
-
-    if plan.status == "already-applied" and local is not None:
-        return local_steps.already_applied(request, target, run, local, early=early, patchset=patchset, dist=dist,
-                                           plan=plan, hash_checks=hash_checks, on_result=on_result)
-    if plan.status == "already-applied":
-        early.cancel()
-        run.notes.append("every hunk is already in place; nothing was written")
-        for name in ("write", "compile", "probe"):
-            run.skipped(name, "already applied")
-        if layers is not None:
-            layers.join(run)
-        if image is not None and image.spec.tag and not request.dry_run:
-            name_source(image.spec, image.target, run, on_result)
-        return run.report("already-applied")
-    if request.dry_run:
-        for name in ("write", "compile", "probe"):
-            run.skipped(name, "dry run")
-        if layers is not None:
-            layers.join(run)
-        return run.report("dry-run")
-
-    probe = patchset.probe if request.probe else None
-    pyc_before = {pyc: reader(pyc) for pyc in bytecode_paths(plan, dist)}
-    with run.step("write"):
-        if local is not None:  # the journal first: what a later run needs if this one is killed
-            local.target.write_journaled(plan, list(pyc_before))
-        else:
-            target.write(plan)
-    try:
-        with run.step("re-read"):
-            check_written(target, plan)
-        if request.compile:
-            with run.step("compile"):
-                compile_files(target, dist, plan, run)
-        else:
-            run.skipped("compile", "--no-compile")
-        if image is not None:
-            # Taken before the probe runs: nothing the probe does can reach the layer.
-            take_layer(image.target, dist, plan, pyc_before, run)
-        if probe is not None:
-            probe_step(target, dist, probe, run, patchset.probe_modules, early=early)
-        else:
-            run.skipped("probe", "--no-probe" if not request.probe else "this patch set has no probe")
-        if image is None or layers is None:
-            if local is not None:  # the report set first, then the run is whole (inside: a failure rolls back)
-                local_steps.settle(run, local, local_steps.probe_record(patchset, dist, plan, hash_checks=hash_checks),
-                                   "applied", on_result)
-            return run.report("applied")
-        layers.join(run)
-        commit_image(image.spec, image.target, plan, patchset, variant, run, dist=dist, on_result=on_result)
-        layers.keep_new_layer()
-    except BaseException:
-        with run.step("restore", unwinding=True):
-            if local is not None:
-                local.target.roll_back()
-            else:
-                target.restore(bytecode_restore_plan(target, pyc_before, plan))
-                target.restore(plan)
-        raise
-    return run.report("applied")
+            check_post_images(plan, variant,
+                              enforce=policy.hash_checks or reviewed_pre or plan.status == "already-applied")
+    return plan
 
 
 def _verify(request: VerifyRequest, target: Target, run: RunLog) -> AuditReport:
     early = EarlyStart(target, wanted=request.probe)  # it overlaps the integrity walk
-    patchset, dist, variant, diff = prepare(run, target, request.patch, request.strip, after_load=early)
-    if not patchset.is_bare and variant.review == "unreviewed":
+    patchset, policy, dist, variant, diff = prepare(run, target, request.patch, request.strip, after_load=early)
+    if policy.unreviewed(variant):
         run.notes.append(f"variant {variant.name} is unreviewed: made by `dspark-patch port`, not yet marked reviewed")
     reader = CachingReader(target)
     problems: list[str] = []
@@ -299,7 +237,7 @@ def _verify(request: VerifyRequest, target: Target, run: RunLog) -> AuditReport:
             found = FileReport(path=fp.path, action=fp.action, pre_sha256=None, post_sha256=current_sha,
                                expected_pre_sha256=expected_pre, expected_post_sha256=expected_post)
             run.update(files=(*run.draft.files, found))
-        if patchset.is_bare:
+        if not policy.release_checks:
             plan = plan_or_none(diff, reader)
             if plan is None or plan.status != "already-applied":
                 problems.append("the diff is not applied to this tree")
@@ -312,10 +250,10 @@ def _verify(request: VerifyRequest, target: Target, run: RunLog) -> AuditReport:
                 problems.append(f"{fr.path} is {state}")
 
     with run.step("integrity"):
-        i = check_integrity(target, dist, diff, None if patchset.is_bare else variant)
+        i = check_integrity(target, dist, diff, policy.checked_variant(variant))
         run.update(integrity=i)
         run.notes.extend(i.notes)
-        if patchset.is_bare and i.reference is None:
+        if not policy.release_checks and i.reference is None:
             run.notes.extend(i.unverified)  # a bare diff checks no release; there is nothing to check against
         else:
             problems += list(i.unverified)
@@ -327,7 +265,7 @@ def _verify(request: VerifyRequest, target: Target, run: RunLog) -> AuditReport:
             problems.append(copy)
         problems[:0] = runs_first(target, dist, run)  # first: what runs decides what the rest means
         with run.step("labels"):
-            problems += check_labels(target, variant, patchset)
+            problems += check_labels(target, variant, patchset, policy)
 
     if request.probe and patchset.probe is not None:
         try:

@@ -14,11 +14,12 @@ from .. import __version__
 from ..errors import LayerMismatch, UnimportedCopy, runs_first_message
 from ..imageref import ImageRef
 from ..patching.plan import FilePlan, PatchPlan
-from ..patchset import PatchSet, Variant, available
+from ..patchset import PatchSet, Variant, available, patched_paths
 from ..report.model import ImageRecord, LayerChange, LayerReport
 from ..targets import proofs
 from ..targets.base import Distribution, ImageCapable, LayerEntry, TargetInfo
 from ..targets.sitepath import minor_version
+from .policy import CheckPolicy
 from .requests import ImageSpec
 from .runlog import ResultCallback, RunLog
 from .steps import bytecode_paths
@@ -127,7 +128,7 @@ class LayerCheck:
 
         self._target, self._distribution = target, distribution
         self._as_started = started   # the image's python as it starts (refuse_runs_first), joined here too
-        self._keep = frozenset(path for p in available() if not p.is_bare for v in p.variants for path in v.files)
+        self._keep = patched_paths(available())
         self._cache = ScanCache.from_env(status_keep_identity(distribution, self._keep))
         self._saved = False
         self._error: BaseException | None = None
@@ -314,7 +315,7 @@ def digestable(run: RunLog) -> dict:
     }
 
 
-def check_labels(target: ImageCapable, variant: Variant, patchset: PatchSet) -> list[str]:
+def check_labels(target: ImageCapable, variant: Variant, patchset: PatchSet, policy: CheckPolicy) -> list[str]:
     labels = target.source_labels()
     problems = []
     files_label = labels.get(f"{LABEL_PREFIX}.files")
@@ -328,7 +329,7 @@ def check_labels(target: ImageCapable, variant: Variant, patchset: PatchSet) -> 
         files = json.loads(files_label)
     except ValueError:
         return problems + [f"label {LABEL_PREFIX}.files is not JSON"]
-    if not patchset.is_bare:
+    if policy.release_checks:
         want = {p: h.post_sha256 for p, h in variant.files.items()}
         if files != want:
             problems.append(f"label {LABEL_PREFIX}.files does not list the reviewed post-image hashes")

@@ -16,10 +16,11 @@ from ..errors import ModifiedBase, VerifyMismatch
 from ..inside import source as inside_source
 from ..inside.integrity import own_folders
 from ..patching.diff import Diff
-from ..patchset import PatchSet, Variant
+from ..patchset import Variant
 from ..report.model import IntegrityReport
 from ..targets import kept, proofs
 from ..targets.base import Distribution, HashesFiles, ImageCapable, Target
+from .policy import CheckPolicy
 from .runlog import RunLog
 from .steps import cached_name
 
@@ -177,8 +178,8 @@ def integrity_problems(i: IntegrityReport) -> list[str]:
             *i.installer_findings, *i.stale_bytecode]
 
 
-def check_base(run: RunLog, target: Target, dist: Distribution, diff: Diff, patchset: PatchSet, variant: Variant,
-               *, allow_unknown_base: bool) -> None:
+def check_base(run: RunLog, target: Target, dist: Distribution, diff: Diff, variant: Variant,
+               policy: CheckPolicy) -> None:
     """apply, before anything is written: the tree must be the published wheel, checked as
     verify checks it (every file against the shipped reference, the RECORD against the same,
     every .pyc the interpreter would load recompiled and compared). The pre-image hashes of the
@@ -186,15 +187,15 @@ def check_base(run: RunLog, target: Target, dist: Distribution, diff: Diff, patc
     rewritten, an added `.pth` or `sitecustomize.py`, forged bytecode would all be patched and
     then carry the reviewed patch's labels. The early probe warms up meanwhile (EarlyStart).
 
-    A bare diff (no release named) or `--allow-unknown-base`: the findings are notes and the
-    tree is patched; a release with no reference: a note (nothing to check against)."""
+    A bare diff (no release named) or `--allow-unknown-base` (the policy's `base_waiver`): the
+    findings are notes and the tree is patched; a release with no reference: a note (nothing to check against)."""
     with run.step("integrity"):
-        i = check_integrity(target, dist, diff, None if patchset.is_bare else variant, pre_image=True)
+        i = check_integrity(target, dist, diff, policy.checked_variant(variant), pre_image=True)
         if i.reference is None:
             run.notes.extend(f"{u}; patched on the reviewed pre-image hashes alone" for u in i.unverified)
             return
         problems = integrity_problems(i)
-        why = "bare diff file" if patchset.is_bare else "--allow-unknown-base" if allow_unknown_base else None
+        why = policy.base_waiver
         if why is not None:
             if problems:
                 more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""

@@ -17,7 +17,6 @@ left, and call a tree "already applied" only once a probe has passed on exactly 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
 
 from ..errors import UnfinishedApply
 from ..patching.diff import Diff
@@ -25,23 +24,12 @@ from ..patching.plan import PatchPlan
 from ..patchset import PatchSet
 from ..probe.run import bundle
 from ..report.model import AuditReport, Status
-from ..targets.base import Distribution, Journaled, Target
+from ..targets.base import Distribution, Journaled
 from ..targets.probe_record import ProbeRecord
 from ..targets.recovery import Recovery
-from .requests import ApplyRequest
+from .context import UNWRITTEN, ApplyContext, LocalFlow
 from .runlog import ResultCallback, RunLog
-from .steps import CachingReader, EarlyStart, bytecode_paths, bytecode_restore_plan, compile_files, probe_step
-
-
-@dataclass(frozen=True, kw_only=True)
-class LocalFlow:
-    target: Journaled
-    recovery: Recovery | None     # what this run did with an interrupted apply's journal
-
-    @property
-    def continued(self) -> bool:
-        """Whether this run finishes an interrupted apply whose post-images were all in place."""
-        return self.recovery is not None and self.recovery.outcome == "continued"
+from .steps import CachingReader, bytecode_paths, bytecode_restore_plan, compile_files, probe_step
 
 
 def recover(run: RunLog, target: Journaled, diff: Diff, *, dry_run: bool) -> LocalFlow:
@@ -98,11 +86,11 @@ def settle(run: RunLog, local: LocalFlow, record: ProbeRecord | None, status: St
     local.target.settle(record if run.draft.probe.ran and run.draft.probe.ok else None)
 
 
-def already_applied(request: ApplyRequest, target: Target, run: RunLog, local: LocalFlow, *, early: EarlyStart,
-                    patchset: PatchSet, dist: Distribution, plan: PatchPlan, hash_checks: bool,
-                    on_result: ResultCallback | None) -> AuditReport:
+def already_applied(ctx: ApplyContext, local: LocalFlow) -> AuditReport:
     """A tree whose every hunk is in place: OK as it is only when a passing probe is on record."""
-    record = probe_record(patchset, dist, plan, hash_checks=hash_checks)
+    request, target, run, early, patchset, dist = ctx.request, ctx.target, ctx.run, ctx.early, ctx.patchset, ctx.dist
+    plan = ctx.planned
+    record = probe_record(patchset, dist, plan, hash_checks=ctx.policy.hash_checks)
     earned = not local.continued and record is not None and local.target.probed(record)
     if not local.continued:
         run.notes.append("every hunk is already in place; nothing was written")
@@ -114,7 +102,7 @@ def already_applied(request: ApplyRequest, target: Target, run: RunLog, local: L
         elif patchset.probe is not None:
             run.notes.append("no passing probe is on record for these files with this interpreter: "
                              "apply without --dry-run compiles and probes them")
-        for name in ("write", "compile", "probe"):
+        for name in UNWRITTEN:
             run.skipped(name, "already applied" if earned else "dry run")
         return run.report("already-applied")
 
@@ -140,7 +128,7 @@ def already_applied(request: ApplyRequest, target: Target, run: RunLog, local: L
         else:
             early.cancel()
             run.skipped("probe", "--no-probe" if not request.probe else "this patch set has no probe")
-        settle(run, local, record, "already-applied", on_result)
+        settle(run, local, record, "already-applied", ctx.on_result)
     except BaseException:
         with run.step("restore", unwinding=True):
             if local.continued:

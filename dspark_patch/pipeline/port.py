@@ -72,7 +72,7 @@ class _Flow:
     def run(self, stack: ExitStack) -> None:
         request = self.request
         patchset = resolve(request.patch)
-        if patchset.is_bare or patchset.id is None:
+        if patchset.id is None:  # a bare diff file
             raise BadInput("port makes a variant of a patch set; a bare diff file has no variants to carry",
                            hint="give a patch-set id or folder (dspark-patch list)")
         variant = _source_variant(patchset, request.source_variant)

@@ -29,22 +29,25 @@ from ..probe.prestart import EarlyProbe
 from ..probe.run import run_probe, start_probe_early
 from ..report.model import CompiledFile, CompileReport, FileReport, HunkReport, PatchReport, ProbeReport
 from ..targets.base import Distribution, Target
+from .policy import CheckPolicy
 from .runlog import RunLog, with_distribution
 
 
 def prepare(run: RunLog, target: Target, patch: str | None, strip: int | None, *,
-            after_load: Callable[[PatchSet], None] | None = None) -> tuple[PatchSet, Distribution, Variant, Diff]:
-    """Load the patch set, find the installed distribution, pick the variant and parse its diff
-    (`after_load` runs between the first two: the probe may start early there)."""
+            after_load: Callable[[PatchSet], None] | None = None, allow_unknown_base: bool = False,
+            allow_unreviewed: bool = False) -> tuple[PatchSet, CheckPolicy, Distribution, Variant, Diff]:
+    """Load the patch set and derive its check policy, find the installed distribution, pick the
+    variant and parse its diff (`after_load` runs between the first two: the probe may start early there)."""
     with run.step("load patch"):
         patchset = resolve(patch, strip=strip)
+    policy = CheckPolicy.of(patchset, allow_unknown_base=allow_unknown_base, allow_unreviewed=allow_unreviewed)
     if after_load is not None:
         after_load(patchset)
     with run.step("locate"):
         dist = target.locate(patchset.distribution)
     run.update(target=with_distribution(run.draft.target, dist))
-    variant, diff = select_variant(patchset, dist, strip, run)
-    return patchset, dist, variant, diff
+    variant, diff = select_variant(patchset, policy, dist, strip, run)
+    return patchset, policy, dist, variant, diff
 
 
 class CachingReader:
@@ -60,24 +63,28 @@ class CachingReader:
         return self._cache[path]
 
 
-def patch_source(patchset: PatchSet, variant: Variant) -> str:
+def patch_source(patchset: PatchSet, policy: CheckPolicy, variant: Variant) -> str:
     """The diff's path relative to its patch set's folder (a bare diff: its file name).
 
     Never the host path it was read from: the report is signed and published, and the same
     patch must give the same `patch` section on every machine and checkout."""
-    if patchset.is_bare:
+    if not policy.release_checks:
         return variant.diff_path.name
     return variant.diff_path.relative_to(patchset.source.resolve()).as_posix()
 
 
-def select_variant(patchset: PatchSet, dist: Distribution, strip: int | None, run: RunLog) -> tuple[Variant, Diff]:
-    variant = patchset.variants[0] if patchset.is_bare else patchset.variant_for(dist.version)
+def select_variant(patchset: PatchSet, policy: CheckPolicy, dist: Distribution, strip: int | None,
+                   run: RunLog) -> tuple[Variant, Diff]:
+    """A bare diff is its own one variant; the report's `hash_checks` is the patch set's kind
+    here (apply narrows it to the policy's once it plans)."""
+    reviewed = policy.release_checks
+    variant = patchset.variant_for(dist.version) if reviewed else patchset.variants[0]
     run.update(patch=PatchReport(
-        id=patchset.id, variant=None if patchset.is_bare else variant.name, sha256=variant.diff_sha256,
-        source=patch_source(patchset, variant), hash_checks=not patchset.is_bare,
-        review=None if patchset.is_bare else variant.review,
+        id=patchset.id, variant=variant.name if reviewed else None, sha256=variant.diff_sha256,
+        source=patch_source(patchset, policy, variant), hash_checks=reviewed,
+        review=variant.review if reviewed else None,
     ))
-    if patchset.is_bare:
+    if not reviewed:
         run.notes.append("bare diff file: release and hash checks skipped")
     try:
         diff = parse_diff(variant.diff, strip=patchset.strip if strip is None else strip)
@@ -85,7 +92,7 @@ def select_variant(patchset: PatchSet, dist: Distribution, strip: int | None, ru
         raise type(exc)(f"{variant.diff_path}: {exc.message}", hint=exc.hint) from None
     check_bounds(diff, variant)
     check_owned(diff, dist)
-    if not patchset.is_bare:
+    if reviewed:
         in_diff = {fp.path for fp in diff.files}
         if in_diff != set(variant.files):
             raise InvalidPatchSet(

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from .. import references
 from ..errors import UnsupportedRelease
 from ..inside.integrity import added_files, own_folders
-from ..patchset import PatchSet
+from ..patchset import PatchSet, known
 from ..report.status_model import PatchSetState
 from ..targets.sitefiles import SiteFiles
 from .bytecode import check as check_bytecode
@@ -71,9 +71,7 @@ def _inside(path: str) -> bool:
 def post_images(patchsets: Iterable[PatchSet], release: str) -> dict[str, set[str | None]]:
     """Per file: the contents a known patch set's post-image allows (None: the set deletes it)."""
     found: dict[str, set[str | None]] = {}
-    for patchset in patchsets:
-        if patchset.is_bare:
-            continue
+    for patchset in known(patchsets):
         try:
             variant = patchset.variant_for(release)
         except UnsupportedRelease:
@@ -83,13 +81,8 @@ def post_images(patchsets: Iterable[PatchSet], release: str) -> dict[str, set[st
     return found
 
 
-def patched_paths(patchsets: Iterable[PatchSet]) -> frozenset[str]:
-    """Every file any known patch set changes, whatever the release (the views keep their bytes)."""
-    return frozenset(path for p in patchsets if not p.is_bare for v in p.variants for path in v.files)
-
-
 def assess(site: SiteFiles, patchsets: Iterable[PatchSet]) -> Assessment:
-    patchsets = [p for p in patchsets if not p.is_bare]
+    patchsets = known(patchsets)
     states = tuple((p.id or "", patch_set_state(p, site)) for p in patchsets)
     post = post_images(patchsets, site.release)
     bytecode = check_bytecode(site)

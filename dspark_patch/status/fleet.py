@@ -18,14 +18,14 @@ from typing import TYPE_CHECKING, Literal
 from .. import __version__
 from ..errors import BadInput, DsparkPatchError, EngineUnreachable, EnvironmentProblem, TargetNotFound, UnfinishedApply
 from ..imageref import ImageRef
-from ..patchset import PatchSet, available
+from ..patchset import PatchSet, available, known, patched_paths
 from ..registry.index import check_before_pull
 from ..report.status_model import FleetStatus, ImageStatus
 from ..targets import seal
 from ..targets.base import PullPolicy
 from ..targets.layers.cache import ScanCache
 from ..targets.sitefiles import SiteFiles
-from .assess import assess, patched_paths
+from .assess import assess
 from .shard import Shard, pick
 
 if TYPE_CHECKING:
@@ -120,7 +120,7 @@ def status(request: StatusRequest, *, on_progress: ProgressCallback | None = Non
     started = datetime.now(UTC)
     noted = set(seal.notes())
     clock = time.monotonic()
-    patchsets = [p for p in available() if not p.is_bare]
+    patchsets = known(available())
     verifier = None
     if request.key is not None:  # a bad key is bad input before any image is read
         from ..attest.dsse import load_verifier
