@@ -69,18 +69,12 @@ def _probe(ctx: ApplyContext) -> None:
     probe_step(ctx.target, ctx.dist, ctx.patchset.probe, ctx.run, ctx.patchset.probe_modules, early=ctx.early)
 
 
-def _no_probe(ctx: ApplyContext) -> str | None:
-    if not ctx.request.probe:
-        return "--no-probe"
-    return "this patch set has no probe" if ctx.patchset.probe is None else None
-
-
 STEPS = (
     Step(name="write", run=_write, writes=True),
     Step(name="re-read", run=_reread),
     Step(name="compile", run=_compile, skip=lambda ctx: None if ctx.request.compile else "--no-compile"),
     Step(name="layer", run=_take_layer, applies=_on_image),
-    Step(name="probe", run=_probe, skip=_no_probe),
+    Step(name="probe", run=_probe, skip=lambda ctx: ctx.probe_skipped),
 )
 
 _UNWRITTEN_WHY: dict[Outcome, str] = {"already-applied": "already applied", "dry-run": "dry run"}

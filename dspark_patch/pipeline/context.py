@@ -66,3 +66,10 @@ class ApplyContext:
     def planned(self) -> PatchPlan:
         assert self.plan is not None, "a step that needs the plan ran before it"
         return self.plan
+
+    @property
+    def probe_skipped(self) -> str | None:
+        """Why this run's probe does not run (--no-probe; the patch set has none), or None: it runs."""
+        if not self.request.probe:
+            return "--no-probe"
+        return "this patch set has no probe" if self.patchset.probe is None else None

@@ -106,13 +106,13 @@ def already_applied(ctx: ApplyContext, local: LocalFlow) -> AuditReport:
             run.skipped(name, "already applied" if earned else "dry run")
         return run.report("already-applied")
 
-    probing = request.probe and patchset.probe is not None
-    if not local.continued and probing:
+    no_probe = ctx.probe_skipped
+    if not local.continued and no_probe is None:
         run.notes.append(f"no passing probe is on record for these files with this interpreter: "
                          f"{'compiled and ' if request.compile else ''}probed them before calling the tree applied")
-    elif not probing:
-        why = "--no-probe" if not request.probe else "this patch set has no probe"
-        run.notes.append(f"no passing probe is on record for these files with this interpreter, and none was run ({why})")
+    elif no_probe is not None:
+        run.notes.append(f"no passing probe is on record for these files with this interpreter, and none was run "
+                         f"({no_probe})")
     run.skipped("write", "already applied")
     reader = CachingReader(target)
     pyc_before = {pyc: reader(pyc) for pyc in bytecode_paths(plan, dist)}
@@ -122,12 +122,12 @@ def already_applied(ctx: ApplyContext, local: LocalFlow) -> AuditReport:
                 compile_files(target, dist, plan, run)
         else:
             run.skipped("compile", "--no-compile")
-        if probing:
+        if no_probe is not None:
+            early.cancel()
+            run.skipped("probe", no_probe)
+        else:
             assert patchset.probe is not None
             probe_step(target, dist, patchset.probe, run, patchset.probe_modules, early=early)
-        else:
-            early.cancel()
-            run.skipped("probe", "--no-probe" if not request.probe else "this patch set has no probe")
         settle(run, local, record, "already-applied", ctx.on_result)
     except BaseException:
         with run.step("restore", unwinding=True):
