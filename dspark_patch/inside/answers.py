@@ -130,8 +130,9 @@ def encode_integrity(answer: IntegrityAnswer) -> dict[str, Any]:
         "metadata": {k: None if v is None else v.decode("latin-1") for k, v in answer.metadata.items()},
         "scripts": {k: {"why": v} if isinstance(v, str) else None if v is None else v.decode("latin-1")
                     for k, v in answer.scripts.items()},
-        "proofs_reused": answer.proofs_reused,
     }
+    if answer.identity is not None or answer.proofs_reused:
+        doc["proofs_reused"] = answer.proofs_reused
     if answer.identity is not None:
         doc["identity"] = answer.identity
     if answer.proofs is not None:
