@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from dspark_patch.errors import BadInput, TargetNotFound
+from dspark_patch.inside.answers import decode_locate
 from dspark_patch.targets import interpreter
 from dspark_patch.targets.interpreter import Interpreter, Located
 
@@ -67,10 +68,11 @@ def test_a_dangling_python_link_and_a_folder_named_python_are_not_interpreters()
 
 
 def _located(path: str, location: str | None) -> Located:
-    found = {"found": location is not None, "python": path, "python_version": "3.11.2", "sys_path": ["/usr/lib/python3.11"]}
+    found: dict = {"found": location is not None, "python": path, "python_version": "3.11.2", "cache_tag": "cpython-311",
+                   "sys_path": ["/usr/lib/python3.11"]}
     if location is not None:
-        found.update(name="vllm", version="0.33.0", location=location)
-    return Located(interpreter=Interpreter(path=path, binary=path, venv=None), found=found)
+        found.update(name="vllm", version="0.33.0", location=location, package_dir=None, record_file=None, record=[])
+    return Located(interpreter=Interpreter(path=path, binary=path, venv=None), answer=decode_locate(found))
 
 
 def test_choose_one_location_seen_by_two_interpreters_is_one_installation():

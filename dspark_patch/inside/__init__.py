@@ -9,6 +9,7 @@ and no PYTHON* variable or user site applies) with a cwd outside the target's tr
 target's own `json.py` or `platform.py` can never shadow the standard library they import.
 The one exception is `started.py`, whose question is what the image's python does when the
 image starts it: it runs as the image runs it, and its answer can only add findings.
+`answers.py` is the host's side of the seam: it is never shipped, and decodes what they print.
 """
 
 from __future__ import annotations

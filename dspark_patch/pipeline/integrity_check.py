@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 from .. import references
 from ..errors import ModifiedBase, VerifyMismatch
 from ..inside import source as inside_source
+from ..inside.answers import IntegrityAnswer, MalformedAnswer, decode_integrity, encode_integrity
 from ..inside.integrity import own_folders
 from ..patching.diff import Diff
 from ..patchset import Variant
@@ -42,15 +44,10 @@ def check_integrity(target: Target, dist: Distribution, diff: Diff, variant: Var
     folders |= references.folders_of(dist.name, dist.version)
     rows = references.script_rows(record, references.all_scripts(dist.name))
     request = {"location": dist.location, "folders": sorted(folders), "patched": py_files, "scripts": list(rows)}
-    doc, files, kept_answer = _integrity_answer(target, dist, request)
-    try:
-        pth = {str(k): (None if v is None else str(v).encode("latin-1")) for k, v in doc["pth"].items()}
-        bytecode = {str(k): str(v) for k, v in doc["bytecode"].items()}
-        reused = 0 if kept_answer else int(doc.get("proofs_reused", 0))
-        metadata = {str(k): (None if v is None else str(v).encode("latin-1")) for k, v in doc["metadata"].items()}
-        scripts = {str(k): _script_bytes(v) for k, v in doc["scripts"].items() if str(k) in rows}
-    except (ValueError, KeyError, TypeError, AttributeError, IndexError):
-        raise VerifyMismatch(f"the integrity check with {dist.python} answered without its facts") from None
+    answer, files, kept_answer = _integrity_answer(target, dist, request)
+    pth, bytecode, metadata = answer.pth, answer.bytecode, answer.metadata
+    reused = 0 if kept_answer else answer.proofs_reused
+    scripts = {k: v for k, v in answer.scripts.items() if k in rows}
     stale = tuple(f"{pyc} {why}" for pyc, why in sorted(bytecode.items()) if why)
     post: dict[str, set[str | None]] = {}
     if variant is not None:
@@ -62,10 +59,10 @@ def check_integrity(target: Target, dist: Distribution, diff: Diff, variant: Var
         return IntegrityReport(checked=0, not_checked=not_checked, stale_bytecode=stale, reference=None,
                                unverified=(references.no_reference(dist.name, dist.version, wheel),),
                                bytecode_checked=len(bytecode), bytecode_proofs_reused=reused, kept_answer=kept_answer)
-    found = references.compare(ref, hashes=files, others=doc.get("others", ()), record=record, post_images=post,
-                               top_level=doc.get("top_level", ()), pth=pth, listed_anywhere=doc.get("pth_listed", ()),
+    found = references.compare(ref, hashes=files, others=answer.others, record=record, post_images=post,
+                               top_level=answer.top_level, pth=pth, listed_anywhere=answer.pth_listed,
                                metadata=metadata, scripts=scripts)
-    tag = str(doc.get("cache_tag", ""))
+    tag = answer.cache_tag
     without = sum(1 for p in files if p.endswith(".py") and cached_name(p, tag) not in files)
     # Rows outside the tree that were not read: a console script's row with no file there.
     not_checked = tuple(p for p in rows if p not in found.installer and scripts.get(p, b"") is None)
@@ -77,50 +74,45 @@ def check_integrity(target: Target, dist: Distribution, diff: Diff, variant: Var
         installer_findings=found.installer_findings, modules_without_bytecode=without)
 
 
-def _script_bytes(value: Any) -> references.ScriptBytes:
-    """inside/integrity.py's answer for one console script: text (latin-1), null, or {"why": …}."""
-    if value is None:
-        return None
-    if isinstance(value, dict):
-        return str(value["why"])
-    return str(value).encode("latin-1")
-
-
 def _integrity_answer(target: Target, dist: Distribution,
-                      request: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str], bool]:
+                      request: dict[str, Any]) -> tuple[IntegrityAnswer, dict[str, str], bool]:
     """inside/integrity.py's answer for `request`, the files' sha256, and whether it is an
     image's answer kept by its id from an earlier check (targets/kept.py says why that is as
-    good as asking again).
+    good as asking again; one that does not decode is a miss).
 
     The proofs sent (kept from an earlier check by the same interpreter; inside/integrity.py
     says why a kept proof is as good as a compile, targets/proofs.py where they are kept) only
     spare compiles, and who hashed (the walk or the host, `_gathered`) does not change a
     hash, so neither is part of the key."""
     key = target.answer_key(inside_source("integrity"), [request]) if isinstance(target, ImageCapable) else None
-    doc: Any = kept.get(key) if key else None
-    if _answer_ok(doc):
-        return doc, {str(p): str(v[0]) for p, v in doc["files"].items()}, True
-    doc, files = _gathered(target, dist, {**request, "proofs": proofs.to_send(target.info, dist)})
-    proofs.keep(target.info, dist, doc)
+    held = _kept(kept.get(key)) if key else None
+    if held is not None:
+        return *held, True
+    answer, files = _gathered(target, dist, {**request, "proofs": proofs.to_send(target.info, dist)})
+    proofs.keep(target.info, dist, answer)
     if key:
-        kept_doc = {k: v for k, v in doc.items() if k not in ("proofs", "identity", "files")}
-        kept_doc["files"] = {p: [files[p], doc["files"][p][1]] for p in files}
-        if _answer_ok(kept_doc):
-            kept.keep(key, kept_doc)
-    return doc, files, False
+        kept.keep(key, encode_integrity(replace(answer, identity=None, proofs=None,
+                                                files={p: (files[p], answer.files[p][1]) for p in files})))
+    return answer, files, False
 
 
-def _answer_ok(doc: Any) -> bool:
-    """The shape check_integrity reads: files (path -> [sha256, size]), pth, bytecode."""
+def _kept(doc: Any) -> tuple[IntegrityAnswer, dict[str, str]] | None:
+    """A kept answer that decodes and names every file's sha256, with those; else None (a miss)."""
     try:
-        return all(isinstance(v[0], str) for v in doc["files"].values()) \
-            and isinstance(doc["pth"], dict) and isinstance(doc["bytecode"], dict) \
-            and isinstance(doc["metadata"], dict) and isinstance(doc["scripts"], dict)
-    except (KeyError, TypeError, AttributeError, IndexError):
-        return False
+        answer = decode_integrity(doc)
+    except MalformedAnswer:
+        return None
+    files = _hashes(answer)
+    return None if files is None else (answer, files)
 
 
-def _gathered(target: Target, dist: Distribution, request: dict) -> tuple[dict, dict[str, str]]:
+def _hashes(answer: IntegrityAnswer) -> dict[str, str] | None:
+    """Every file's sha256 as the walk hashed it; None when it left one to the host."""
+    hashes = {p: sha for p, (sha, _) in answer.files.items() if sha is not None}
+    return hashes if len(hashes) == len(answer.files) else None
+
+
+def _gathered(target: Target, dist: Distribution, request: dict) -> tuple[IntegrityAnswer, dict[str, str]]:
     """inside/integrity.py's answer and the files' sha256. On a target that can and runs
     emulated (an image of another architecture: its engine streams the same bytes,
     targets/docker/tree_hashes.py), the host hashes the files
@@ -129,8 +121,7 @@ def _gathered(target: Target, dist: Distribution, request: dict) -> tuple[dict, 
     runs again and hashes them itself."""
     native = target if isinstance(target, HashesFiles) and target.emulated else None
     if native is None:
-        doc = _run_integrity(target, dist, request)
-        return doc, _walk_hashes(doc, dist)
+        return _hashed_walk(target, dist, request)
     with ThreadPoolExecutor(max_workers=1) as pool:
         hashing = pool.submit(native.file_hashes, dist.location, request["folders"])
         doc = _run_integrity(target, dist, {**request, "hash": False})
@@ -139,14 +130,33 @@ def _gathered(target: Target, dist: Distribution, request: dict) -> tuple[dict, 
         except Exception:  # noqa: BLE001 - a stream the engine dropped: the walk hashes instead
             hashed = None
     try:
-        walked = {str(p): int(v[1]) for p, v in doc["files"].items()}
-    except (KeyError, TypeError, ValueError, IndexError, AttributeError):
-        walked = None
-    if hashed is not None and walked is not None and walked.keys() == hashed.keys() \
-            and all(hashed[p][1] == size for p, size in walked.items()):
-        return doc, {p: hashed[p][0] for p in walked}
-    doc = _run_integrity(target, dist, request)
-    return doc, _walk_hashes(doc, dist)
+        answer: IntegrityAnswer | None = decode_integrity(doc)
+    except MalformedAnswer as exc:
+        if exc.field != "files":
+            raise _without(dist, exc) from None
+        answer = None  # a walk without its files: it runs again and hashes them itself
+    if hashed is not None and answer is not None and answer.files.keys() == hashed.keys() \
+            and all(hashed[p][1] == size for p, (_, size) in answer.files.items()):
+        return answer, {p: hashed[p][0] for p in answer.files}
+    return _hashed_walk(target, dist, request)
+
+
+def _hashed_walk(target: Target, dist: Distribution, request: dict) -> tuple[IntegrityAnswer, dict[str, str]]:
+    """The walk's answer with every file hashed by the walk itself."""
+    try:
+        answer = decode_integrity(_run_integrity(target, dist, request))
+    except MalformedAnswer as exc:
+        raise _without(dist, exc) from None
+    files = _hashes(answer)
+    if files is None:
+        raise _without(dist, MalformedAnswer("integrity.py", "files", "holds a file without its sha256"))
+    return answer, files
+
+
+def _without(dist: Distribution, exc: MalformedAnswer) -> VerifyMismatch:
+    """What a user reads of an integrity answer that is not one (exc names the field at fault)."""
+    return VerifyMismatch(f"the integrity check with {dist.python} answered without its "
+                          f"{'files' if exc.field == 'files' else 'facts'}")
 
 
 def _run_integrity(target: Target, dist: Distribution, request: dict) -> dict:
@@ -160,13 +170,6 @@ def _run_integrity(target: Target, dist: Distribution, request: dict) -> dict:
         raise VerifyMismatch(
             f"the integrity check could not run with {dist.python}: {result.stderr.decode('utf-8', 'replace').strip()[-300:]}"
         ) from None
-
-
-def _walk_hashes(doc: dict, dist: Distribution) -> dict[str, str]:
-    try:
-        return {str(p): str(v[0]) for p, v in doc["files"].items()}
-    except (KeyError, TypeError, IndexError, AttributeError):
-        raise VerifyMismatch(f"the integrity check with {dist.python} answered without its files") from None
 
 
 def integrity_problems(i: IntegrityReport) -> list[str]:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import BadInput, TargetNotFound
+from ..inside.answers import Installed, LocateAnswer
 from .imageconfig import GO_DIR, GO_LINK, image_argv, search_dirs
 
 Stat = Callable[[str], "Mapping[str, Any] | None"]    # the engine's path stat, None if absent
@@ -118,29 +119,29 @@ def existing(paths: Sequence[str], stat: Stat, *, workers: int = 8) -> list[Inte
 
 @dataclass(frozen=True, kw_only=True)
 class Located:
-    """What one interpreter's `inside/locate.py` said (its JSON)."""
+    """What one interpreter's `inside/locate.py` said."""
 
     interpreter: Interpreter
-    found: Mapping[str, Any]
+    answer: LocateAnswer
 
 
 def choose(ref: str, distribution: str, results: Sequence[Located]) -> Located:
     """The one environment that holds `distribution`; none or two distinct ones are refused."""
-    holding = [r for r in results if r.found["found"]]
+    holding = [(r, r.answer.installed) for r in results if r.answer.installed is not None]
     if not holding:
-        looked = "; ".join(f"{r.interpreter.path} {r.found['python_version']} at sys.path "
-                           f"{':'.join(r.found['sys_path'])}" for r in results)
+        looked = "; ".join(f"{r.interpreter.path} {r.answer.python_version} at sys.path "
+                           f"{':'.join(r.answer.sys_path)}" for r in results)
         raise TargetNotFound(f"no {distribution} installed in image {ref} (looked with {looked})",
                              hint=f"patch an image that has {distribution} installed, or name its python with --python PATH")
-    by_location: dict[str, Located] = {}
-    for r in holding:  # same files seen by two interpreters (a venv on the system site): one
-        by_location.setdefault(r.found["location"], r)
+    by_location: dict[str, tuple[Located, Installed]] = {}
+    for r, installed in holding:  # same files seen by two interpreters (a venv on the system site): one
+        by_location.setdefault(installed.location, (r, installed))
     if len(by_location) > 1:
-        both = " and ".join(f"{r.interpreter.path} ({r.found['name']} {r.found['version']} at {loc})"
-                            for loc, r in by_location.items())
+        both = " and ".join(f"{r.interpreter.path} ({i.name} {i.version} at {loc})"
+                            for loc, (r, i) in by_location.items())
         raise BadInput(f"image {ref} has {distribution} in more than one environment: {both}",
                        hint="choose the one to patch with --python PATH")
-    return holding[0]
+    return holding[0][0]
 
 
 def _venv_cfgs(path: str) -> list[str]:

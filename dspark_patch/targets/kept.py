@@ -16,6 +16,8 @@ store. As Trivy keeps its analysis by image id and layer digest, a second `apply
 - **Seal.** An entry is believed only under this machine's cache key (targets/seal.py): one
   copied from another image's name, rewritten or planted is a miss and a note.
 - **Damage.** A torn, foreign or unreadable entry is a miss, never an error; writes are atomic.
+- **Shape.** Its reader decodes an entry as it decodes a fresh answer (inside/answers.py): one that
+  is not of the script's shape is a miss too.
 - **Bound.** At most `MAX_ENTRIES` entries; after a write over it the least recently used go.
 """
 

@@ -25,6 +25,7 @@ import os
 import re
 from pathlib import Path
 
+from ..inside.answers import IntegrityAnswer
 from . import cachedir, seal
 from .base import Distribution, TargetInfo
 
@@ -104,12 +105,12 @@ def _records(data: bytes) -> set[bytes]:
     return {data[i:i + PROOF_BYTES] for i in range(0, len(data) - len(data) % PROOF_BYTES, PROOF_BYTES)}
 
 
-def keep(info: TargetInfo, dist: Distribution, answer: dict) -> None:
+def keep(info: TargetInfo, dist: Distribution, answer: IntegrityAnswer) -> None:
     """Store what the interpreter answered (its identity, this run's proofs). Never fails a run."""
-    identity = answer.get("identity")
-    held = answer.get("proofs")
+    identity = answer.identity
+    held = answer.proofs
     key = target_key(info, dist)
-    if not key or not isinstance(identity, str) or not _IDENTITY.match(identity) or not isinstance(held, str):
+    if not key or identity is None or not _IDENTITY.match(identity) or held is None:
         return
     try:
         run = _records(base64.b64decode(held, validate=True))

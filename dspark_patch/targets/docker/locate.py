@@ -18,6 +18,7 @@ from typing import Any
 from ...distname import filename_name
 from ...errors import AmbiguousDistribution, BadInput, CheckFailed
 from ...inside import ISOLATED
+from ...inside.answers import LocateAnswer, MalformedAnswer, decode_locate, encode_locate
 from .. import imageconfig, interpreter, kept
 from ..base import Distribution, RecordEntry
 from .work_image import WorkImage
@@ -43,12 +44,7 @@ class ImageLocator:
     def locate(self, distribution: str) -> Distribution:
         """The distribution as the interpreter that owns it sees it (see interpreter.py)."""
         key = self._own_key("locate", distribution)
-        answer = kept.get(key) if key else None
-        try:
-            results = [interpreter.Located(interpreter=interpreter.Interpreter(**row["interpreter"]), found=row["found"])
-                       for row in answer] if isinstance(answer, list) else None
-        except (TypeError, KeyError):
-            results = None
+        results = _kept_located(kept.get(key)) if key else None
         failures: list[CheckFailed] = []
         if results is None:
             if self._wanted_python:
@@ -58,39 +54,42 @@ class ImageLocator:
             results = []
             for python in pythons:
                 try:
-                    results.append(interpreter.Located(interpreter=python, found=self._locate_with(python.path, distribution)))
+                    results.append(interpreter.Located(interpreter=python, answer=self._locate_with(python.path, distribution)))
                 except CheckFailed as exc:  # one broken python (say, a python2) need not hide the others
                     failures.append(exc)
             if key and not failures:
                 kept.keep(key, [{"interpreter": {"path": r.interpreter.path, "binary": r.interpreter.binary,
-                                                 "venv": r.interpreter.venv}, "found": dict(r.found)} for r in results])
+                                                 "venv": r.interpreter.venv}, "found": encode_locate(r.answer)}
+                                for r in results])
         self._note_imported(results)
-        if failures and not any(r.found["found"] for r in results):
+        if failures and not any(r.answer.installed for r in results):
             raise failures[0]
-        found = interpreter.choose(self._image.ref, distribution, results).found
-        if found["package_dir"] and posixpath.dirname(found["package_dir"]) != found["location"]:
+        answer = interpreter.choose(self._image.ref, distribution, results).answer
+        found = answer.installed
+        assert found is not None  # choose() takes only an interpreter that has it
+        if found.package_dir and posixpath.dirname(found.package_dir) != found.location:
             raise BadInput(
-                f"in image {self._image.ref}, `import {distribution}` would load {found['package_dir']}, "
-                f"not the installed distribution at {found['location']}",
+                f"in image {self._image.ref}, `import {distribution}` would load {found.package_dir}, "
+                f"not the installed distribution at {found.location}",
                 hint="remove the shadowing copy from the image's sys.path",
             )
-        if found.get("duplicates"):
+        if found.duplicates:
             raise AmbiguousDistribution(
-                f"in image {self._image.ref}, {found['python']} sees {len(found['duplicates'])} {distribution} distributions: "
-                + ", ".join(found["duplicates"]),
+                f"in image {self._image.ref}, {answer.python} sees {len(found.duplicates)} {distribution} distributions: "
+                + ", ".join(found.duplicates),
                 hint="an installer leaves exactly one dist-info per distribution; which one is in use is not decidable")
-        if found.get("record_error"):
-            raise BadInput(f"in image {self._image.ref}, the RECORD of {distribution} at {found['location']}: {found['record_error']}",
+        if found.record_error:
+            raise BadInput(f"in image {self._image.ref}, the RECORD of {distribution} at {found.location}: {found.record_error}",
                            hint="the RECORD is malformed; rebuild the image from the release")
         return Distribution(
-            name=found["name"],
-            version=found["version"],
-            location=found["location"],
-            python=found["python"],
-            python_version=found["python_version"],
-            cache_tag=found["cache_tag"],
-            record_file=found["record_file"],
-            record=tuple(RecordEntry(path=p, sha256=h, size=s) for p, h, s in found["record"]),
+            name=found.name,
+            version=found.version,
+            location=found.location,
+            python=answer.python,
+            python_version=answer.python_version,
+            cache_tag=answer.cache_tag,
+            record_file=found.record_file,
+            record=tuple(RecordEntry(path=p, sha256=h, size=s) for p, h, s in found.record),
         )
 
     def unimported(self, distribution: str) -> tuple[str, ...]:
@@ -119,7 +118,7 @@ class ImageLocator:
             results = []
             for python in others:
                 try:
-                    results.append(interpreter.Located(interpreter=python, found=self._locate_with(python.path, distribution)))
+                    results.append(interpreter.Located(interpreter=python, answer=self._locate_with(python.path, distribution)))
                 except CheckFailed:
                     continue  # a python that does not run imports nothing
             self._note_imported(results)
@@ -134,8 +133,8 @@ class ImageLocator:
 
     def _note_imported(self, results: Sequence[interpreter.Located]) -> None:
         self._located |= {r.interpreter.path for r in results}
-        self._imported |= {posixpath.normpath(str(r.found["location"])) for r in results
-                           if r.found.get("found") and r.found.get("location")}
+        self._imported |= {posixpath.normpath(r.answer.installed.location) for r in results
+                           if r.answer.installed is not None and r.answer.installed.location}
 
     def _interpreters(self) -> list[interpreter.Interpreter]:
         """The image's distinct python environments, entrypoint's first (stats only; nothing runs)."""
@@ -147,12 +146,35 @@ class ImageLocator:
         found = interpreter.existing(interpreter.candidates(self._image.source.config, stat, read_head), stat)
         return found or [interpreter.Interpreter(path=self._image.container.python, binary=self._image.container.python, venv=None)]
 
-    def _locate_with(self, python: str, distribution: str) -> dict[str, Any]:
+    def _locate_with(self, python: str, distribution: str) -> LocateAnswer:
         result = self._image.container.call([python, *ISOLATED, "-c", _LOCATE_SOURCE, distribution], timeout=120)
         if result.returncode != 0:
             raise CheckFailed(
                 f"locating {distribution} in image {self._image.ref} with {python} failed "
                 f"(exit {result.returncode}): {result.stderr.decode(errors='replace').strip()[-500:]}"
             )
-        found: dict[str, Any] = json.loads(result.stdout.decode().strip().splitlines()[-1])
-        return found
+        try:
+            return decode_locate(json.loads((result.stdout.decode().strip().splitlines() or [""])[-1]))
+        except (ValueError, MalformedAnswer) as exc:  # not UTF-8 or JSON (a ValueError), or not locate.py's shape
+            why = exc if isinstance(exc, MalformedAnswer) else "its output is not JSON"
+            raise CheckFailed(f"locating {distribution} in image {self._image.ref} with {python} failed: {why}") from None
+
+
+def _kept_located(answer: Any) -> list[interpreter.Located] | None:
+    """A kept `locate` answer (each interpreter and what its locate.py said), or None: none
+    kept, or an entry that is not one (a miss)."""
+    if not isinstance(answer, list):
+        return None
+    try:
+        return [_kept_row(row) for row in answer]
+    except MalformedAnswer:
+        return None
+
+
+def _kept_row(row: Any) -> interpreter.Located:
+    python = row.get("interpreter") if isinstance(row, dict) and row.keys() == {"interpreter", "found"} else None
+    if not isinstance(python, dict) or python.keys() != {"path", "binary", "venv"} \
+            or not isinstance(python["path"], str) or not isinstance(python["binary"], str) \
+            or not isinstance(python["venv"], str | None):
+        raise MalformedAnswer("locate.py", "", "was kept without the interpreter that gave it")
+    return interpreter.Located(interpreter=interpreter.Interpreter(**python), answer=decode_locate(row["found"]))
