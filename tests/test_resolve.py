@@ -196,6 +196,14 @@ def test_a_registry_not_reachable_from_here_is_left_to_the_engine_and_said():
     assert "not checked for an image index: the engine pulls it as one image" in source.note
 
 
+def test_a_registry_timeout_that_is_not_seconds_is_refused_not_passed_over(served, monkeypatch):
+    """It used to be passed over silently when no --platform was given."""
+    host, _ = served
+    monkeypatch.setenv("DSPARK_PATCH_REGISTRY_TIMEOUT", "soon")
+    with pytest.raises(BadInput, match="DSPARK_PATCH_REGISTRY_TIMEOUT='soon'"):
+        _resolve(ImageSpec(ref=f"{host}/app:index"), _Engine(has=False))
+
+
 # --- --platform: it must be an index ----------------------------------------------------------
 def test_platform_of_an_index_is_an_index_whatever_the_engine_has(served):
     host, _ = served
