@@ -256,3 +256,29 @@ def test_a_name_neither_on_the_engine_nor_in_its_registry_is_one_line_through_th
     assert _manifest_reads(seen) == before + 1  # read once, here: the engine was not sent to pull it
     audit = json.loads((tmp_path / "r" / "audit.json").read_text())
     assert audit["status"] == "failed" and audit["errors"][0]["kind"] == "target-not-found"
+
+
+@pytest.mark.engine
+@pytest.mark.registry
+def test_a_tag_the_engine_lacks_served_as_an_index_runs_through_the_index_loop(tmp_path_factory, tmp_path):
+    """The whole route on a real engine and registry, without emulation: the index's amd64 entry is
+    the fixture (its arm64 entry names the same image and is never pulled by a default run)."""
+    from tests.support.images import fixture_image
+    from tests.support.index import publish_index, remove_images_from
+    from tests.support.registry import loopback_registry
+
+    with loopback_registry(tmp_path_factory.mktemp("registry")) as host:
+        try:
+            index = publish_index(host, sources=(fixture_image(), fixture_image()))
+            result = run("apply", "--image", index.ref, "--dry-run", "--json", "--report-dir", str(tmp_path / "r"))
+            assert result.returncode == 0, result.stderr[-3000:]
+            doc = result.json
+            assert doc["status"] == "dry-run" and doc["index"]["ref"] == index.ref
+            assert doc["index"]["digest"] == index.digest
+            assert [p["platform"] for p in doc["platforms"]] == ["linux/amd64"]
+            assert [s["name"] for s in doc["steps"]] == ["read index"]
+            one = doc["platforms"][0]["report"]
+            assert [s["name"] for s in one["steps"]][:2] == ["pull", "open target"]
+            assert any("linux/arm64/v8" in note and "--platform all" in note for note in doc["notes"])
+        finally:
+            remove_images_from(host)
