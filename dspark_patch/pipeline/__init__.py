@@ -1,9 +1,10 @@
 """The pipeline: command line -> plan -> target -> report.
 
-`commands` holds apply / verify / probe of one target; `index_run` runs them per platform of an
-image index; `steps` the steps every target shares; `integrity_check` the tree against the
-published wheel; `image_steps` those of an image; `runlog` the run's record that becomes the
-AuditReport, whose checks are recorded here as the run ends.
+`dispatch` holds apply / verify / probe: `resolve` decides once what the request names,
+`commands` runs one target, `index_run` runs that core per platform of an image index; `steps`
+the steps every target shares; `integrity_check` the tree against the published wheel;
+`image_steps` those of an image; `runlog` the run's record that becomes the AuditReport, whose
+checks are recorded here as the run ends.
 """
 
 from typing import TYPE_CHECKING, Any
@@ -11,15 +12,16 @@ from typing import TYPE_CHECKING, Any
 from ..report.checks import record_checks
 from ..report.model import AuditReport
 from ..targets.base import PullCallback
-from . import index_run
+from . import dispatch
 from .commands import withdraw
 from .image_steps import LABEL_PREFIX
 from .requests import ApplyRequest, ImageSpec, LocalSpec, ProbeRequest, PullPolicy, TargetSpec, VerifyRequest
 from .runlog import ResultCallback, StepCallback
 
-# The entry points dispatch an image index to `index_run`'s platform loop; anything else runs
-# `commands` as is. Every report they hand out (the drafts given to `on_result` too) holds its
-# checks, recorded as the run ends (report/checks.py): what audit.json, audit.md and junit.xml show.
+# The entry points resolve the request's source once (resolve.py), then run it: an image index
+# through `index_run`'s platform loop, anything else through `commands`. Every report they hand
+# out (the drafts given to `on_result` too) holds its checks, recorded as the run ends
+# (report/checks.py): what audit.json, audit.md and junit.xml show.
 
 
 def _recording(on_result: ResultCallback) -> ResultCallback:
@@ -28,18 +30,18 @@ def _recording(on_result: ResultCallback) -> ResultCallback:
 
 def apply(request: ApplyRequest, *, on_step: StepCallback | None = None, on_pull: PullCallback | None = None,
           on_result: ResultCallback | None = None) -> AuditReport:
-    return record_checks(index_run.apply(request, on_step=on_step, on_pull=on_pull,
-                                         on_result=_recording(on_result) if on_result is not None else None))
+    return record_checks(dispatch.apply(request, on_step=on_step, on_pull=on_pull,
+                                        on_result=_recording(on_result) if on_result is not None else None))
 
 
 def verify(request: VerifyRequest, *, on_step: StepCallback | None = None,
            on_pull: PullCallback | None = None) -> AuditReport:
-    return record_checks(index_run.verify(request, on_step=on_step, on_pull=on_pull))
+    return record_checks(dispatch.verify(request, on_step=on_step, on_pull=on_pull))
 
 
 def probe(request: ProbeRequest, *, on_step: StepCallback | None = None,
           on_pull: PullCallback | None = None) -> AuditReport:
-    return record_checks(index_run.probe(request, on_step=on_step, on_pull=on_pull))
+    return record_checks(dispatch.probe(request, on_step=on_step, on_pull=on_pull))
 
 
 if TYPE_CHECKING:

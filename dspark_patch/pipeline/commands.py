@@ -31,6 +31,7 @@ from .image_steps import (
 )
 from .integrity_check import check_base, check_integrity, integrity_problems
 from .requests import ApplyRequest, ImageSpec, LocalSpec, ProbeRequest, TargetSpec, VerifyRequest
+from .resolve import ImageSource, LocalSource, Source
 from .runlog import ResultCallback, RunLog, StepCallback, target_report, with_distribution
 from .steps import (
     CachingReader,
@@ -46,20 +47,21 @@ from .steps import (
 )
 
 
-def apply(request: ApplyRequest, *, on_step: StepCallback | None = None,
+def apply(request: ApplyRequest, *, source: Source, on_step: StepCallback | None = None,
           on_pull: PullCallback | None = None, on_result: ResultCallback | None = None) -> AuditReport:
-    """`on_result`: called with the report before an image result is named (runlog.ResultCallback)."""
+    """`on_result`: called with the report before an image result is named (runlog.ResultCallback).
+    `source`: what `request.target` names (resolve.py), with the run's one store."""
     run = RunLog.start("apply", target_report(request.target), on_step)
-    return _run(run, request.target, lambda target: _apply(request, target, run, on_result), on_pull)
+    return _run(run, source, lambda target: _apply(request, target, run, on_result), on_pull)
 
 
-def verify(request: VerifyRequest, *, on_step: StepCallback | None = None,
+def verify(request: VerifyRequest, *, source: Source, on_step: StepCallback | None = None,
            on_pull: PullCallback | None = None) -> AuditReport:
     run = RunLog.start("verify", target_report(request.target), on_step)
-    return _run(run, request.target, lambda target: _verify(request, target, run), on_pull)
+    return _run(run, source, lambda target: _verify(request, target, run), on_pull)
 
 
-def probe(request: ProbeRequest, *, on_step: StepCallback | None = None,
+def probe(request: ProbeRequest, *, source: Source, on_step: StepCallback | None = None,
           on_pull: PullCallback | None = None) -> AuditReport:
     run = RunLog.start("probe", target_report(request.target), on_step)
 
@@ -77,7 +79,7 @@ def probe(request: ProbeRequest, *, on_step: StepCallback | None = None,
         probe_step(target, dist, patchset.probe, run, patchset.probe_modules)
         return run.report("probed")
 
-    return _run(run, request.target, steps, on_pull)
+    return _run(run, source, steps, on_pull)
 
 
 def withdraw(report: AuditReport) -> str | None:
@@ -103,14 +105,16 @@ def withdraw(report: AuditReport) -> str | None:
     return "; ".join(done) or None
 
 
-def _run(run: RunLog, spec: TargetSpec, steps: Callable[[Target], AuditReport],
+def _run(run: RunLog, source: Source, steps: Callable[[Target], AuditReport],
          on_pull: PullCallback | None) -> AuditReport:
     """Open the target, run the steps, close the target (removing any container), report."""
     target: Target | None = None
     noted = set(seal.notes())
+    if isinstance(source, ImageSource) and source.note:
+        run.notes.append(source.note)
     try:
         with ExitStack() as stack:
-            target = _open(spec, run, stack, on_pull)
+            target = _open(source, run, stack, on_pull)
             report = steps(target)
     except DsparkPatchError as exc:
         report = run.report("failed", exc)
@@ -120,16 +124,19 @@ def _run(run: RunLog, spec: TargetSpec, steps: Callable[[Target], AuditReport],
     return replace(report, notes=report.notes + notes) if notes else report
 
 
-def _open(spec: TargetSpec, run: RunLog, stack: ExitStack, on_pull: PullCallback | None) -> Target:
+def _open(source: Source, run: RunLog, stack: ExitStack, on_pull: PullCallback | None) -> Target:
     with run.step("open target"):
-        if isinstance(spec, LocalSpec):
+        if isinstance(source, LocalSource):
             from ..targets.local import LocalTree
 
-            return LocalTree(spec.root, python=spec.python)
-        from ..targets import open_store
-
+            return LocalTree(source.spec.root, python=source.spec.python)
+        # An index is run per platform (index_run.py), each platform an ImageSource.
+        assert isinstance(source, ImageSource)
+        spec = source.spec
         # --pull happens here (as `docker run` pulls before it creates); progress goes to on_pull.
-        target = stack.enter_context(open_store().open_image(spec.ref, python=spec.python, pull=spec.pull, on_pull=on_pull))
+        # The run's one store: EngineUnreachable, if the engine did not answer, is said here.
+        target = stack.enter_context(source.store().open_image(spec.ref, python=spec.python, pull=spec.pull,
+                                                               on_pull=on_pull))
         run.update(target=replace(run.draft.target, image=ImageRecord(ref=spec.ref, id=target.info.id or "")))
         return target
 

@@ -2,67 +2,55 @@
 
 A serving tag is often an index (linux/amd64 for x86 GPU hosts, linux/arm64 for Grace hosts).
 Each platform's image is pulled by the digest the index names and run through the very same
-single-image flow (`commands`): zero-fuzz plan, hash checks, compile and probe with that
+single-image core (`commands`): zero-fuzz plan, hash checks, compile and probe with that
 platform's python (under emulation on a foreign one), exact layer, commit. Only when every
 platform passed are the results tagged, pushed and listed in a new index of the source's kind
 (`registry.index.republish`: the source's platforms, order, platform fields and annotations).
 
-A run here is dispatched only for an index: an image the engine already has, or one named
-without `--platform` that is not an index, goes to `commands` unchanged.
+Whether a request names an index is not decided here: `resolve.py` did, once, and hands in the
+index it read and the run's one store (`IndexSource`). This module only loops over platforms,
+names the results and publishes them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from functools import partial
-from typing import TypeVar
 
 from ..errors import BadInput, DsparkPatchError, TagExists, TargetNotFound
 from ..imageref import ImageRef
-from ..registry.index import BadManifest, ImageIndex, Registry, check_before_pull
+from ..registry.index import ImageIndex, Registry
 from ..registry.platform_select import Platform, select
-from ..report.model import AuditReport, Command, ErrorReport, ImageRecord, IndexReport, PlatformReport, Status, TargetReport
-from ..targets import open_store
-from ..targets.base import ImageStore, PullCallback
-from . import commands
+from ..report.model import (
+    AuditReport,
+    Command,
+    ErrorReport,
+    ImageRecord,
+    IndexReport,
+    PlatformReport,
+    Status,
+    TargetReport,
+)
+from ..targets.base import ImageStore
 from .requests import ApplyRequest, ImageSpec, ProbeRequest, VerifyRequest
+from .resolve import ImageSource, IndexSource
 from .runlog import ResultCallback, RunLog, StepCallback
 
-Request = TypeVar("Request", ApplyRequest, VerifyRequest, ProbeRequest)
+Request = ApplyRequest | VerifyRequest | ProbeRequest
+# The single-target core (`commands.apply/verify/probe`, its callbacks bound): (request, *,
+# source, on_step) -> AuditReport.
 Single = Callable[..., AuditReport]
 
 
-def apply(request: ApplyRequest, *, on_step: StepCallback | None = None,
-          on_pull: PullCallback | None = None, on_result: ResultCallback | None = None) -> AuditReport:
-    """`on_result`: called with the report before a tagged result is named (runlog.ResultCallback):
-    for an index, once, with the whole run's report, before the first platform image is named."""
-    if request.sign_key is None:
-        return _dispatch("apply", request, partial(commands.apply, on_pull=on_pull, on_result=on_result), on_step,
-                         on_result)
-    from pathlib import Path
-
-    from ..attest.dsse import load_signer
-    from .attestation import sign_and_attach
-    from .runlog import target_report
-
-    try:  # a key that cannot sign stops the run before any work
-        signer = load_signer(Path(request.sign_key), allow_open=request.allow_open_key)
+def run_index(command: Command, request: Request, source: IndexSource, single: Single, run: RunLog,
+              on_result: ResultCallback | None = None) -> AuditReport:
+    """Every chosen platform of `source.index` through `single`, then tag and push (apply).
+    `run` is the run that read the index (its "read index" step); it becomes the whole report."""
+    flow = _IndexRun(command=command, request=request, source=source, single=single, run=run, on_result=on_result)
+    try:
+        return flow.execute()
     except DsparkPatchError as exc:
-        return RunLog.start("apply", target_report(request.target), on_step).report("failed", exc)
-    report = _dispatch("apply", request, partial(commands.apply, on_pull=on_pull, on_result=on_result), on_step,
-                       on_result)
-    return sign_and_attach(report, signer, on_step)
-
-
-def verify(request: VerifyRequest, *, on_step: StepCallback | None = None,
-          on_pull: PullCallback | None = None) -> AuditReport:
-    return _dispatch("verify", request, partial(commands.verify, on_pull=on_pull), on_step)
-
-
-def probe(request: ProbeRequest, *, on_step: StepCallback | None = None,
-          on_pull: PullCallback | None = None) -> AuditReport:
-    return _dispatch("probe", request, partial(commands.probe, on_pull=on_pull), on_step)
+        return flow.finish(error=exc)
 
 
 # A Docker tag is at most 128 characters ([A-Za-z0-9_][A-Za-z0-9_.-]{0,127}).
@@ -84,95 +72,28 @@ def platform_tag(tag: str, platform: Platform) -> str:
     return str(ref.with_tag(result))
 
 
-def _dispatch(command: Command, request: Request, single: Single, on_step: StepCallback | None,
-              on_result: ResultCallback | None = None) -> AuditReport:
-    spec = request.target
-    if not isinstance(spec, ImageSpec):
-        return single(request, on_step=on_step)
-    # Without --platform an index is looked for only where a pull may happen anyway.
-    if spec.platform is None and (spec.pull == "never" or not _may_be_index(spec.ref)):
-        refused = _refuse_bad_index(command, spec, on_step)
-        return refused or single(request, on_step=on_step)
-    run = RunLog.start(command, TargetReport(kind="image", ref=spec.ref), on_step)
-    try:
-        index = _fetch_index(spec, run)
-    except BadManifest as exc:  # a hostile index is refused, never handed to the engine's pull
-        return run.report("failed", exc)
-    except DsparkPatchError as exc:
-        if spec.platform is None:  # not an index after all (or no registry): the image flow says why
-            return single(request, on_step=on_step)
-        return run.report("failed", exc)
-    if index is None:
-        return single(request, on_step=on_step)
-    flow = _IndexRun(command=command, request=request, spec=spec, index=index, single=single, run=run,
-                     on_result=on_result)
-    try:
-        return flow.execute()
-    except DsparkPatchError as exc:
-        return flow.finish(error=exc)
-
-
-def _may_be_index(ref: str) -> bool:
-    """Without --platform, only a registry-hosted name the engine does not have is looked up."""
-    if ImageRef.host_of(ref) is None or ImageRef.parse(ref).digest is not None:
-        return False
-    try:
-        return not open_store().tag_exists(ref)
-    except DsparkPatchError:
-        return False  # no engine: the image flow reports that
-
-
-def _refuse_bad_index(command: Command, spec: ImageSpec, on_step: StepCallback | None) -> AuditReport | None:
-    """Where the single-image flow's engine will pull `spec.ref` from a registry (a digest, or
-    --pull always), a malformed index, or one listing a platform twice, is refused first: the
-    engine would silently take one of its entries."""
-    if spec.pull == "never" or ImageRef.host_of(spec.ref) is None:
-        return None
-    if spec.pull == "missing":
-        try:
-            if open_store().tag_exists(spec.ref):
-                return None
-        except DsparkPatchError:
-            return None  # no engine: the image flow reports that
-    try:
-        check_before_pull(spec.ref)
-    except BadManifest as exc:
-        return RunLog.start(command, TargetReport(kind="image", ref=spec.ref), on_step).report("failed", exc)
-    return None
-
-
-def _fetch_index(spec: ImageSpec, run: RunLog) -> ImageIndex | None:
-    host = ImageRef.host_of(spec.ref)
-    if host is None:
-        raise BadInput(
-            f"--platform selects platforms of an image index in a registry; {spec.ref} names no registry host",
-            hint="name the index with its registry, e.g. registry.example:5000/vllm/vllm-openai:TAG",
-        )
-    with run.step("read index"):
-        index = Registry(host).fetch_index(spec.ref)
-    if index is None and spec.platform is not None:
-        raise BadInput(
-            f"{spec.ref} is a single-platform image, not an index; --platform selects platforms of an index",
-            hint="drop --platform",
-        )
-    return index
-
-
 @dataclass(kw_only=True)
 class _IndexRun:
     command: Command
-    request: ApplyRequest | VerifyRequest | ProbeRequest
-    spec: ImageSpec
-    index: ImageIndex
+    request: Request
+    source: IndexSource
     single: Single
     run: RunLog
     on_result: ResultCallback | None = None
+
+    @property
+    def spec(self) -> ImageSpec:
+        return self.source.spec
+
+    @property
+    def index(self) -> ImageIndex:
+        return self.source.index
 
     def execute(self) -> AuditReport:
         run, spec, index = self.run, self.spec, self.index
         run.update(index=IndexReport(ref=spec.ref, media_type=index.manifest.media_type,
                                      digest=index.manifest.digest, platforms=tuple(map(str, index.platforms))))
-        store = open_store()
+        store = self.source.store()  # the run's one store (EngineUnreachable here: after the index is named)
         os_, arch, variant = store.platform()
         native = Platform(os=os_, architecture=arch, variant=variant)
         chosen = select(index.platforms, spec.platform, native)
@@ -250,7 +171,8 @@ class _IndexRun:
         else:
             # Pulled by digest above; the platform's python is found (or --python used) as for any image.
             target = replace(self.spec, ref=ref, tag=None, push=False, platform=None, pull="never")
-            report = self.single(replace(self.request, target=target), on_step=self._prefixed(platform))
+            one = ImageSource(spec=target, store=self.source.store, kind="engine")
+            report = self.single(replace(self.request, target=target), source=one, on_step=self._prefixed(platform))
             report = replace(report, steps=tuple(sub_run.steps) + report.steps)
         return PlatformReport(platform=str(platform), source_manifest=entry.digest, emulated=emulated, report=report)
 
@@ -367,4 +289,4 @@ class _IndexRun:
         return self.run.report(status)
 
 
-__all__ = ["apply", "platform_tag", "probe", "verify"]
+__all__ = ["platform_tag", "run_index"]
