@@ -5,7 +5,16 @@ from pathlib import Path
 
 import pytest
 
+from dspark_patch import termination
 from tests.support import probe_trees, schedule, tiers, vllm
+
+
+@pytest.fixture(autouse=True)
+def _no_stop_carried_over(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test starts as a new process does: no SIGTERM or Ctrl-C recorded (termination.py). A
+    test that sends its own process a signal (test_work_container_start.py) records one, and a
+    later in-process run in the same worker would otherwise stop at its first step."""
+    monkeypatch.setattr(termination, "_received", None)
 
 
 @pytest.fixture

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 
-from dspark_patch import termination
 from dspark_patch.errors import BadInput, EngineUnreachable, TargetNotFound
 from dspark_patch.pipeline.requests import ImageSpec, LocalSpec, TargetSpec
 from dspark_patch.pipeline.resolve import CASES, ImageSource, IndexSource, LocalSource, RunStore, Source, resolve
@@ -78,13 +77,6 @@ def served() -> Iterator[tuple[str, list[str]]]:
     }
     with fake_registry(bodies) as (host, seen):
         yield host, seen
-
-
-@pytest.fixture(autouse=True)
-def _not_told_to_stop(monkeypatch):
-    """The resolver's "read index" is a run step, and a step asks whether the process was sent
-    SIGTERM: a signal another in-process test recorded must not stop these runs."""
-    monkeypatch.setattr(termination, "_received", None)
 
 
 def _resolve(spec: TargetSpec, engine: _Engine | None = None) -> tuple[Source, _Opener, RunLog]:
