@@ -1,4 +1,4 @@
-"""The cache folder saves work and never decides a verdict (targets/seal.py): its entries are
+"""The cache folder saves work and never decides a verdict (targets/caches/seal.py): its entries are
 believed only under this machine's cache key, which lives outside the folder. A CI cache that a
 job from a fork can write may hold anything: answers copied from a patched image under another
 image's name, a layer scan rewritten with its checksum recomputed, planted bytecode proofs
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from dspark_patch.targets import kept, seal
-from dspark_patch.targets.layers import cache as scan_cache
+from dspark_patch.targets.caches import answers, seal
+from dspark_patch.targets.caches import scans as scan_cache
 from tests.support import images
 from tests.support.cli import run
 
@@ -35,22 +35,22 @@ def fresh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def _key(image_id: str = "sha256:" + "a" * 64) -> str:
-    return kept.answer_key(image_id=image_id, engine="unix:///var/run/docker.sock", script="print(1)",
+    return answers.answer_key(image_id=image_id, engine="unix:///var/run/docker.sock", script="print(1)",
                            python="/usr/bin/python3", args=[])
 
 
 def test_the_key_is_made_once_private_and_outside_the_cache(fresh: Path) -> None:
-    kept.keep(_key(), {"ok": 1})
+    answers.keep(_key(), {"ok": 1})
     key = fresh / "state/cache.key"
     assert key.stat().st_mode & 0o777 == 0o600 and key.stat().st_size == 32
-    assert kept.get(_key()) == {"ok": 1} and seal.notes() == ()
+    assert answers.get(_key()) == {"ok": 1} and seal.notes() == ()
     # another process (here: a fresh load) uses the same key and believes the entry
     seal._state.clear()
-    assert kept.get(_key()) == {"ok": 1}
+    assert answers.get(_key()) == {"ok": 1}
     # a new key (another machine's) believes nothing written under the old one, and says so
     key.unlink()
     seal._state.clear()
-    assert kept.get(_key()) is None
+    assert answers.get(_key()) is None
     assert len(seal.notes()) == 1 and "answers entry in the cache folder" in seal.notes()[0]
 
 
@@ -74,8 +74,8 @@ def test_a_key_that_cannot_be_trusted_turns_the_caches_off_and_says_why(fresh: P
         key.chmod(0o600)
     else:
         key.mkdir()
-    kept.keep(_key(), {"ok": 1})
-    assert kept.get(_key()) is None
+    answers.keep(_key(), {"ok": 1})
+    assert answers.get(_key()) is None
     assert not (fresh / "cache/answers").exists() or not any((fresh / "cache/answers").iterdir())
     (line,) = seal.notes()
     assert line.startswith(f"the cache key {key} ") and "caches not used" in line, line
@@ -85,16 +85,16 @@ def test_a_key_that_cannot_be_trusted_turns_the_caches_off_and_says_why(fresh: P
 
 def test_an_entry_copied_under_another_name_or_rewritten_is_a_miss(fresh: Path) -> None:
     patched, other = _key("sha256:" + "a" * 64), _key("sha256:" + "b" * 64)
-    kept.keep(patched, {"verdict": "clean"})
+    answers.keep(patched, {"verdict": "clean"})
     source = fresh / "cache/answers" / hashlib.sha256(patched.encode()).hexdigest()
     raw = source.read_bytes()
     # copied under the other image's name, its key rewritten to match
     copy = fresh / "cache/answers" / hashlib.sha256(other.encode()).hexdigest()
     copy.write_bytes(raw[:32] + raw[32:].replace(b"a" * 64, b"b" * 64))
-    assert kept.get(other) is None
+    assert answers.get(other) is None
     copy.write_bytes(raw)
-    assert kept.get(other) is None
-    assert kept.get(patched) == {"verdict": "clean"}
+    assert answers.get(other) is None
+    assert answers.get(patched) == {"verdict": "clean"}
 
 
 # --- on the engine: the verdicts -----------------------------------------------------------------

@@ -33,8 +33,8 @@ from dspark_patch.patchset import available
 from dspark_patch.report.status_model import ImageStatus
 from dspark_patch.status.fleet import _error_row, row_from_site
 from dspark_patch.targets.docker.save_views import views_from_save
-from dspark_patch.targets.layerfs import find_site, status_keep
 from dspark_patch.targets.layers import LayerView, Limits, merge, scan_layer
+from dspark_patch.targets.views.from_layers import find_site, status_keep
 from tests.support import hostile, oci, vllm
 from tests.support.cli import run
 from tests.support.fake_registry import fake_registry
@@ -134,8 +134,8 @@ def save_route(layers: Sequence[bytes], config: dict = CONFIG) -> ImageStatus:
 def registry_reader(cache_root: Path | None = None):
     from dspark_patch.status.fleet import unreadable
     from dspark_patch.status.registry_route import RegistryReader
-    from dspark_patch.targets.layerfs import status_keep_identity
-    from dspark_patch.targets.layers.cache import ScanCache
+    from dspark_patch.targets.caches.scans import ScanCache
+    from dspark_patch.targets.views.from_layers import status_keep_identity
 
     cache = ScanCache(cache_root or Path("/nonexistent"), identity=status_keep_identity("vllm"),
                       max_bytes=(1 << 30) if cache_root else 0)
@@ -155,8 +155,8 @@ def cached_route(layers: Sequence[bytes], config: dict = CONFIG) -> ImageStatus:
     """Each scan stored in the scan cache and read back in a fresh one before the merge."""
     import tempfile
 
-    from dspark_patch.targets.layerfs import status_keep_identity
-    from dspark_patch.targets.layers.cache import ScanCache
+    from dspark_patch.targets.caches.scans import ScanCache
+    from dspark_patch.targets.views.from_layers import status_keep_identity
 
     identity = status_keep_identity("vllm")
     with tempfile.TemporaryDirectory() as root:

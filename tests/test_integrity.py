@@ -583,8 +583,8 @@ def test_the_layer_reader_sees_startup_hooks_and_pth_files_and_refuses_a_bad_rec
     from dspark_patch.errors import BadInput
     from dspark_patch.patchset import available
     from dspark_patch.status.assess import assess
-    from dspark_patch.targets.layerfs import merge_scans, site_files, status_keep
     from dspark_patch.targets.layers import scan_layer
+    from dspark_patch.targets.views.from_layers import merge_scans, site_files, status_keep
 
     site = "usr/local/lib/python3.11/dist-packages"
     wheel = (vllm.installed_tree("0.33.0") / INFO / "WHEEL").read_bytes()

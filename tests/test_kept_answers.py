@@ -1,4 +1,4 @@
-"""An image's answers to read-only checks, kept by image id (targets/kept.py):
+"""An image's answers to read-only checks, kept by image id (targets/caches/answers.py):
 a second check of one image runs neither locate nor the integrity walk again and says so;
 another image (another id) never gets them; a damaged entry is asked again; nothing is kept
 once the work container was written into."""
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from dspark_patch.targets import kept
+from dspark_patch.targets.caches import answers
 from dspark_patch.targets.docker import ImageTarget
 from tests.support import images
 from tests.support.cli import run
@@ -25,39 +25,39 @@ SITE = "/usr/local/lib/python3.11/dist-packages"
 def _key(image_id: str = "sha256:" + "a" * 64, **over: object) -> str:
     parts: dict = {"image_id": image_id, "engine": "unix:///var/run/docker.sock", "script": "print(1)",
                    "python": "/usr/bin/python3", "args": [{"location": SITE}]}
-    return kept.answer_key(**{**parts, **over})
+    return answers.answer_key(**{**parts, **over})
 
 
 def test_an_answer_is_kept_under_its_whole_key_and_anything_else_is_a_miss(tmp_path: Path,
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DSPARK_PATCH_CACHE", str(tmp_path / "cache"))
     answer = {"files": {"vllm/__init__.py": ["ab" * 32, 10]}, "pth": {}, "bytecode": {}}
-    kept.keep(_key(), answer)
-    assert kept.get(_key()) == answer
+    answers.keep(_key(), answer)
+    assert answers.get(_key()) == answer
     # every part of the key matters: another image, engine, script, interpreter or request asks again
     for other in ({"image_id": "sha256:" + "b" * 64}, {"engine": "tcp://127.0.0.1:2375"}, {"script": "print(2)"},
                   {"python": "/usr/bin/python3.11"}, {"args": [{"location": "/opt/venv"}]}):
-        assert kept.get(_key(**other)) is None, other
+        assert answers.get(_key(**other)) is None, other
     # a torn, foreign or mislabelled entry is a miss, never an error
     (entry,) = (tmp_path / "cache/answers").iterdir()
     for damage in (entry.read_bytes()[:40], b"\x00\xff not json", json.dumps({"key": _key(python="x"), "answer": 1}).encode()):
         entry.write_bytes(damage)
-        assert kept.get(_key()) is None
+        assert answers.get(_key()) is None
 
 
 def test_the_kept_answers_are_bounded_and_the_least_recently_used_go(tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DSPARK_PATCH_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(kept, "MAX_ENTRIES", 3)
+    monkeypatch.setattr(answers, "MAX_ENTRIES", 3)
     keys = [_key(image_id=f"sha256:{i:064x}") for i in range(5)]
     for i, key in enumerate(keys):
-        kept.keep(key, i)
+        answers.keep(key, i)
         entry = tmp_path / "cache/answers" / hashlib.sha256(key.encode()).hexdigest()
-        assert kept.get(key) == i
+        assert answers.get(key) == i
         stamp = 1_000_000 + i
         os.utime(entry, (stamp, stamp))
     assert len(list((tmp_path / "cache/answers").iterdir())) == 3
-    assert [kept.get(k) for k in keys] == [None, None, 2, 3, 4]
+    assert [answers.get(k) for k in keys] == [None, None, 2, 3, 4]
 
 
 def _verify(image: str, out: Path, env: dict[str, str]) -> dict:

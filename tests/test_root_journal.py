@@ -25,7 +25,7 @@ import pytest
 
 from dspark_patch.patchset import resolve
 from dspark_patch.report.audit_json import load_schema
-from dspark_patch.targets.local import LocalTree
+from dspark_patch.targets.local_tree import LocalTree
 from tests.support.cli import SCRIPT, Result, run
 from tests.support.killpoints import fake_python, probes_started, run_killed_at
 from tests.support.trees import BASE, edit, make_tree, snapshot, udiff
@@ -370,7 +370,7 @@ sys.path[:0] = [{repo!r}]
 from tests.support.killpoints import _arm
 from dspark_patch.patching import parse_diff, plan_patch
 from dspark_patch.targets import fs
-from dspark_patch.targets.local import LocalTree
+from dspark_patch.targets.local_tree import LocalTree
 root = Path({root!r})
 plan = plan_patch(parse_diff(Path({diff!r}).read_bytes()), lambda rel: fs.read_inside(root, rel))
 _arm("os.rename", "/pkg/", {n})

@@ -1,4 +1,4 @@
-"""The layer-scan cache (targets/layers/cache.py) and the registry route's faults, without an engine.
+"""The layer-scan cache (targets/caches/scans.py) and the registry route's faults, without an engine.
 
 The registry here is `tests/support/fake_registry.py` serving what `tests/support/oci.py` writes
 (the bytes a push leaves), because the faults — a blob that is not its digest, an endless blob, a
@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 
 from dspark_patch.errors import BadInput
-from dspark_patch.targets.layerfs import status_keep, status_keep_identity
+from dspark_patch.targets.caches.scans import MAGIC, ScanCache, parse_size
 from dspark_patch.targets.layers import merge, scan_layer
-from dspark_patch.targets.layers.cache import MAGIC, ScanCache, parse_size
 from dspark_patch.targets.layers.scan import path_key
+from dspark_patch.targets.views.from_layers import status_keep, status_keep_identity
 from tests.support import hostile, oci
 from tests.support.fake_registry import fake_registry
 from tests.support.hostile import Dir, File, Link, Whiteout

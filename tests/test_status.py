@@ -141,8 +141,8 @@ def _layer(files: dict[str, bytes | None]):
     import io
     import tarfile
 
-    from dspark_patch.targets.layerfs import status_keep
     from dspark_patch.targets.layers import scan_layer
+    from dspark_patch.targets.views.from_layers import status_keep
 
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
@@ -156,8 +156,8 @@ def _layer(files: dict[str, bytes | None]):
 
 
 def test_layers_stack_the_oci_way_and_give_the_same_site_files_as_the_folder(tmp_path: Path) -> None:
-    from dspark_patch.targets.layerfs import merge_scans, site_files
-    from dspark_patch.targets.localview import read_site
+    from dspark_patch.targets.views.from_folder import read_site
+    from dspark_patch.targets.views.from_layers import merge_scans, site_files
 
     tree = vllm.tree_copy("0.33.0", tmp_path / "site-packages")
     site = "usr/local/lib/python3.11/dist-packages"
@@ -179,7 +179,7 @@ def test_a_release_without_a_variant_is_not_applicable_and_a_deleted_file_is_mis
 
     from dspark_patch.patchset import available
     from dspark_patch.status.assess import assess
-    from dspark_patch.targets.localview import read_site
+    from dspark_patch.targets.views.from_folder import read_site
 
     tree = vllm.tree_copy("0.33.0", tmp_path / "site-packages")
     (tree / ELSEWHERE).unlink()

@@ -63,7 +63,7 @@ def status(
     if via == "registry" and pull != "never":
         raise BadInput("--pull asks the engine to pull; --via registry reads the registry without one",
                        hint="leave --pull out")
-    from ..targets.layers.cache import parse_size
+    from ..targets.caches.scans import parse_size
 
     request = StatusRequest(images=refs, roots=roots, platform=platform, pull=pull, jobs=jobs, via=via,  # type: ignore[arg-type]
                             key=str(key) if key else None, shard=parse_shard(shard) if shard is not None else None,

@@ -1,7 +1,7 @@
 """What the inside scripts answer, typed where the host reads them; not itself run inside.
 
 `locate.py` and `integrity.py` print one JSON object; the host turns it into a frozen answer here
-and nowhere else (`decode_locate`, `decode_integrity`). A kept answer (targets/kept.py) is read by
+and nowhere else (`decode_locate`, `decode_integrity`). A kept answer (targets/caches/answers.py) is read by
 the same decoder: the cache folder, like the image, is input the host does not trust. Whatever is
 not the shape the script writes (a key missing, a value of another type, an extra nesting) is one
 error, `MalformedAnswer`, naming the script and the first field at fault; the caller says what

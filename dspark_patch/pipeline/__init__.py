@@ -1,7 +1,7 @@
 """The pipeline: command line -> plan -> target -> report.
 
 `dispatch` holds apply / verify / probe: `resolve` decides once what the request names,
-`commands` runs one target, `index_run` runs that core per platform of an image index; `steps`
+`commands` runs one target, `index_run` runs that core per platform of an image index; `shared_steps`
 the steps every target shares; `integrity_check` the tree against the published wheel;
 `image_steps` those of an image; `runlog` the run's record that becomes the AuditReport, whose
 checks are recorded here as the run ends.

@@ -16,7 +16,7 @@ from ..report.model import AuditReport
 from . import local_steps
 from .context import UNWRITTEN, ApplyContext, Outcome
 from .image_steps import commit_image, name_source, take_layer
-from .steps import bytecode_paths, bytecode_restore_plan, check_written, compile_files, probe_step
+from .shared_steps import bytecode_paths, bytecode_restore_plan, check_written, compile_files, probe_step
 
 
 def _runs(ctx: ApplyContext) -> str | None:

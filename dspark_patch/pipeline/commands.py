@@ -15,8 +15,8 @@ from ..errors import BadInput, CheckFailed, DsparkPatchError, ProbeFailed, Verif
 from ..patching.plan import PatchPlan, plan_patch
 from ..patchset import resolve
 from ..report.model import AuditReport, FileReport, ImageRecord
-from ..targets import seal
 from ..targets.base import ImageCapable, Journaled, PullCallback, Target
+from ..targets.caches import seal
 from . import local_steps
 from .apply_steps import run_steps
 from .context import ApplyContext, ImageFlow, Outcome
@@ -33,7 +33,7 @@ from .integrity_check import check_base, check_integrity, integrity_problems
 from .requests import ApplyRequest, ImageSpec, LocalSpec, ProbeRequest, TargetSpec, VerifyRequest
 from .resolve import ImageSource, LocalSource, Source
 from .runlog import ResultCallback, RunLog, StepCallback, target_report, with_distribution
-from .steps import (
+from .shared_steps import (
     CachingReader,
     EarlyStart,
     check_known_images,
@@ -119,7 +119,7 @@ def _run(run: RunLog, source: Source, steps: Callable[[Target], AuditReport],
     except DsparkPatchError as exc:
         report = run.report("failed", exc)
     # Notes the target gathered while closing (a kept container, leftovers it removed), and cache
-    # entries or a cache key not used (targets/seal.py).
+    # entries or a cache key not used (targets/caches/seal.py).
     notes = (*(target.notes if target is not None else ()), *(n for n in seal.notes() if n not in noted))
     return replace(report, notes=report.notes + notes) if notes else report
 
@@ -127,7 +127,7 @@ def _run(run: RunLog, source: Source, steps: Callable[[Target], AuditReport],
 def _open(source: Source, run: RunLog, stack: ExitStack, on_pull: PullCallback | None) -> Target:
     with run.step("open target"):
         if isinstance(source, LocalSource):
-            from ..targets.local import LocalTree
+            from ..targets.local_tree import LocalTree
 
             return LocalTree(source.spec.root, python=source.spec.python)
         # An index is run per platform (index_run.py), each platform an ImageSource.

@@ -17,7 +17,7 @@ from .image_steps import LayerCheck
 from .policy import CheckPolicy
 from .requests import ApplyRequest, ImageSpec
 from .runlog import ResultCallback, RunLog
-from .steps import CachingReader, EarlyStart
+from .shared_steps import CachingReader, EarlyStart
 
 # How an apply run ends; decided in one place (commands.py: _outcome).
 Outcome = Literal["applied", "already-applied", "dry-run"]

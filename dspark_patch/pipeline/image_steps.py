@@ -16,13 +16,13 @@ from ..imageref import ImageRef
 from ..patching.plan import FilePlan, PatchPlan
 from ..patchset import PatchSet, Variant, available, patched_paths
 from ..report.model import ImageRecord, LayerChange, LayerReport
-from ..targets import proofs
 from ..targets.base import Distribution, ImageCapable, LayerEntry, TargetInfo
-from ..targets.sitepath import minor_version
+from ..targets.caches import proofs
+from ..targets.views.site_folders import minor_version
 from .policy import CheckPolicy
 from .requests import ImageSpec
 from .runlog import ResultCallback, RunLog
-from .steps import bytecode_paths
+from .shared_steps import bytecode_paths
 
 LABEL_PREFIX = "io.github.dspark-patch"
 # What the image runs first (refuse_runs_first), waited for when called.
@@ -123,8 +123,8 @@ class LayerCheck:
 
     def __init__(self, target: ImageCapable, distribution: str, *, started: StartedAnswer | None = None) -> None:
         # The strict layer reader loads here, for an image, not with every local command.
-        from ..targets.layerfs import status_keep_identity
-        from ..targets.layers.cache import ScanCache
+        from ..targets.caches.scans import ScanCache
+        from ..targets.views.from_layers import status_keep_identity
 
         self._target, self._distribution = target, distribution
         self._as_started = started   # the image's python as it starts (refuse_runs_first), joined here too

@@ -1,7 +1,7 @@
 """The integrity check, on any target: the installed distribution against the published wheel
 (its files, its RECORD, start-up hooks and `.pth` files, every `.pyc` the interpreter would load
 recompiled and compared). The facts are gathered by the target's own interpreter
-(inside/integrity.py), an image's answer kept by image id (targets/kept.py); the verdict is
+(inside/integrity.py), an image's answer kept by image id (targets/caches/answers.py); the verdict is
 taken here. `verify` reports what it finds; `apply` refuses a tree that is not the wheel before
 it writes anything (`check_base`)."""
 
@@ -20,11 +20,11 @@ from ..inside.integrity import own_folders
 from ..patching.diff import Diff
 from ..patchset import Variant
 from ..report.model import IntegrityReport
-from ..targets import kept, proofs
 from ..targets.base import Distribution, HashesFiles, ImageCapable, Target
+from ..targets.caches import answers, proofs
 from .policy import CheckPolicy
 from .runlog import RunLog
-from .steps import cached_name
+from .shared_steps import cached_name
 
 
 def check_integrity(target: Target, dist: Distribution, diff: Diff, variant: Variant | None = None,
@@ -77,21 +77,21 @@ def check_integrity(target: Target, dist: Distribution, diff: Diff, variant: Var
 def _integrity_answer(target: Target, dist: Distribution,
                       request: dict[str, Any]) -> tuple[IntegrityAnswer, dict[str, str], bool]:
     """inside/integrity.py's answer for `request`, the files' sha256, and whether it is an
-    image's answer kept by its id from an earlier check (targets/kept.py says why that is as
+    image's answer kept by its id from an earlier check (targets/caches/answers.py says why that is as
     good as asking again; one that does not decode is a miss).
 
     The proofs sent (kept from an earlier check by the same interpreter; inside/integrity.py
-    says why a kept proof is as good as a compile, targets/proofs.py where they are kept) only
+    says why a kept proof is as good as a compile, targets/caches/proofs.py where they are kept) only
     spare compiles, and who hashed (the walk or the host, `_gathered`) does not change a
     hash, so neither is part of the key."""
     key = target.answer_key(inside_source("integrity"), [request]) if isinstance(target, ImageCapable) else None
-    held = _kept(kept.get(key)) if key else None
+    held = _kept(answers.get(key)) if key else None
     if held is not None:
         return *held, True
     answer, files = _gathered(target, dist, {**request, "proofs": proofs.to_send(target.info, dist)})
     proofs.keep(target.info, dist, answer)
     if key:
-        kept.keep(key, encode_integrity(replace(answer, identity=None, proofs=None,
+        answers.keep(key, encode_integrity(replace(answer, identity=None, proofs=None,
                                                 files={p: (files[p], answer.files[p][1]) for p in files})))
     return answer, files, False
 

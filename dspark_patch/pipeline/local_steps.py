@@ -29,7 +29,7 @@ from ..targets.probe_record import ProbeRecord
 from ..targets.recovery import Recovery
 from .context import UNWRITTEN, ApplyContext, LocalFlow
 from .runlog import ResultCallback, RunLog
-from .steps import CachingReader, bytecode_paths, bytecode_restore_plan, compile_files, probe_step
+from .shared_steps import CachingReader, bytecode_paths, bytecode_restore_plan, compile_files, probe_step
 
 
 def recover(run: RunLog, target: Journaled, diff: Diff, *, dry_run: bool) -> LocalFlow:

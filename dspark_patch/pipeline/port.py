@@ -43,7 +43,7 @@ from ..report.model import CensusEntry, ErrorReport, ProbeReport
 from ..report.port_model import PortFileReport, PortFileStatus, PortReport
 from ..targets.base import Distribution, Target
 from .requests import PortRequest
-from .steps import compiled_rows
+from .shared_steps import compiled_rows
 
 
 def port(request: PortRequest) -> PortReport:
@@ -124,7 +124,7 @@ class _Flow:
         return f"wheel {r.wheel}" if r.wheel else f"tree {r.root}" if r.root else f"image {r.image}"
 
     def _open(self, stack: ExitStack, patchset: PatchSet) -> Target:
-        from ..targets.local import LocalTree
+        from ..targets.local_tree import LocalTree
 
         r = self.request
         if sum(x is not None for x in (r.wheel, r.root, r.image)) != 1:

@@ -150,7 +150,7 @@ def _inside(path: Path, folder: Path) -> str:
 
 def _where(target: Target, dist: Distribution) -> str:
     if target.info.kind == "local":
-        from ..targets.local import KEPT_ENV
+        from ..targets.local_tree import KEPT_ENV
 
         return (f"this host's {dist.python}, its environment reduced to {', '.join(KEPT_ENV)}, LC_* and the "
                 f"probe's own ({', '.join(sorted(_PROBE_ENV))})")

@@ -149,7 +149,7 @@ class IntegrityReport:
     unverified: tuple[str, ...] = ()      # "no reference for vllm X …"
     bytecode_checked: int = 0             # .pyc files the interpreter would load, recompiled and compared
     bytecode_proofs_reused: int = 0       # of those, proven by a proof kept from an earlier check (no compile)
-    kept_answer: bool = False             # an image's answer kept by its id from an earlier check (targets/kept.py); nothing ran
+    kept_answer: bool = False             # an image's answer kept by its id from an earlier check (targets/caches/answers.py); nothing ran
     notes: tuple[str, ...] = ()           # kept for the schema; empty since bytecode that is not its source's is stale_bytecode
     # The installer's own files (dist-info metadata, console scripts), accepted by their shape
     # (references/installer.py), and "path: why" for files named like them that are not.

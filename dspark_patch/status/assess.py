@@ -23,7 +23,7 @@ from ..errors import UnsupportedRelease
 from ..inside.integrity import added_files, own_folders
 from ..patchset import PatchSet, known
 from ..report.status_model import PatchSetState
-from ..targets.sitefiles import SiteFiles
+from ..targets.views.site_files import SiteFiles
 from .bytecode import check as check_bytecode
 from .bytecode import not_verified_line
 

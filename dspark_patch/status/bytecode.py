@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 
 from ..references import bytecode_source
-from ..targets.sitefiles import SiteFiles
+from ..targets.views.site_files import SiteFiles
 
 _OPT = re.compile(r"\.opt-([12])\.pyc$")
 

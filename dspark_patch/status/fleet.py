@@ -21,10 +21,10 @@ from ..imageref import ImageRef
 from ..patchset import PatchSet, available, known, patched_paths
 from ..registry.index import check_before_pull
 from ..report.status_model import FleetStatus, ImageStatus
-from ..targets import seal
 from ..targets.base import PullPolicy
-from ..targets.layers.cache import ScanCache
-from ..targets.sitefiles import SiteFiles
+from ..targets.caches import seal
+from ..targets.caches.scans import ScanCache
+from ..targets.views.site_files import SiteFiles
 from .assess import assess
 from .shard import Shard, pick
 
@@ -137,7 +137,7 @@ def status(request: StatusRequest, *, on_progress: ProgressCallback | None = Non
                           images=tuple(r for r in request.images if r in mine))
 
     for root in request.roots:
-        from ..targets.localview import read_site
+        from ..targets.views.from_folder import read_site
 
         progress(root, "start", None)
         try:
@@ -171,8 +171,8 @@ def status(request: StatusRequest, *, on_progress: ProgressCallback | None = Non
 
 
 def scan_cache(request: StatusRequest, patchsets: Sequence[PatchSet]) -> ScanCache:
-    """The layer-scan cache for this run's predicate (targets/layers/cache.py)."""
-    from ..targets.layerfs import status_keep_identity
+    """The layer-scan cache for this run's predicate (targets/caches/scans.py)."""
+    from ..targets.views.from_layers import status_keep_identity
 
     return ScanCache.from_env(status_keep_identity(DISTRIBUTION, patched_paths(patchsets)), request.cache_max)
 
@@ -290,7 +290,7 @@ def _read_layers(engine: ImageStore, by_id: dict[str, list[str]], infos: dict[st
                  patchsets: Sequence[PatchSet], progress: ProgressCallback, cache: ScanCache) -> dict[str, ImageStatus | DsparkPatchError]:
     """All images from one save of their layers: a layer shared by many is read once. An image
     whose every layer (RootFS.Layers, the diff_ids) is in the scan cache is not saved at all."""
-    from ..targets.layerfs import find_site, merge_scans
+    from ..targets.views.from_layers import find_site, merge_scans
 
     for names in by_id.values():
         for name in names:

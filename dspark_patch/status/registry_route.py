@@ -2,15 +2,15 @@
 
 For each reference: the manifest it names (an index: each of its platforms, or those
 `--platform` selects), the config, then each layer streamed through the same strict layer
-reader and merge as the save route (`targets/layers`, `targets/layerfs.status_keep`), and the
-site folder found by the same rule (`targets/layerfs.find_site`, from the interpreters present,
+reader and merge as the save route (`targets/layers`, `targets/views/from_layers.status_keep`), and the
+site folder found by the same rule (`targets/views/from_layers.find_site`, from the interpreters present,
 without running anything). The rows are the engine routes' rows: same states, same lists.
 
 Each layer is checked while it streams (registry/blobs.py: the blob against its digest and
 size, the unpacked tar against the config's diff_id, both bounded); a mismatch, a missing blob
 or a refused member makes that image's row an error. A layer is scanned once per run however
 many images share it (a lock per diff_id), and its scan is kept in the scan cache
-(targets/layers/cache.py) by diff_id, so the next run fetches no layer it has seen. Credentials:
+(targets/caches/scans.py) by diff_id, so the next run fetches no layer it has seen. Credentials:
 Docker's config.json, as for every registry call (registry/index.py).
 """
 
@@ -30,9 +30,9 @@ from ..registry.index import Registry, RegistryUnreachable, registry_host
 from ..registry.manifest import Manifest, parse_index
 from ..registry.platform_select import Platform, UnknownPlatform, select
 from ..report.status_model import ImageStatus
-from ..targets.layerfs import find_site, merge_scans, status_keep
+from ..targets.caches.scans import ScanCache
 from ..targets.layers import LayerScan, scan_layer
-from ..targets.layers.cache import ScanCache
+from ..targets.views.from_layers import find_site, merge_scans, status_keep
 
 DISTRIBUTION = "vllm"
 Event = Literal["start", "done"]

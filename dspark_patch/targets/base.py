@@ -23,11 +23,11 @@ if TYPE_CHECKING:
 
     from ..errors import DsparkPatchError
     from ..patching.plan import PatchPlan
+    from .caches.scans import ScanCache
     from .layers import LayerView
-    from .layers.cache import ScanCache
     from .probe_record import ProbeRecord
     from .recovery import Recovery
-    from .sitefiles import SiteFiles
+    from .views.site_files import SiteFiles
 
 TargetKind = Literal["local", "image"]
 # When an image is pulled, as `docker run --pull` says: the one declaration of it.
@@ -201,7 +201,7 @@ class ImageCapable(Target, Protocol):
 
     def answer_key(self, source: str, args: Sequence[Any]) -> str | None:
         """The key under which the image's answer to the read-only script `source` with `args`
-        (run by the distribution's python) is kept by image id (targets/kept.py); None once
+        (run by the distribution's python) is kept by image id (targets/caches/answers.py); None once
         anything was written into the target."""
         ...
 

@@ -33,7 +33,7 @@ from dspark_patch.pipeline import probe as pipeline_probe
 from dspark_patch.probe.run import _PROBE_ENV
 from dspark_patch.report import render
 from dspark_patch.targets.base import RunResult
-from dspark_patch.targets.local import NEUTRAL_CWD, LocalTree
+from dspark_patch.targets.local_tree import NEUTRAL_CWD, LocalTree
 from tests.support import probe_trees
 
 PYTHON = probe_trees.PYTHON  # the venv's interpreter, as the command line's runs use

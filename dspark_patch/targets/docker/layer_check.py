@@ -13,10 +13,10 @@ from collections.abc import Iterable
 
 from ...errors import CheckFailed, DsparkPatchError, EnvironmentProblem
 from ..base import LayerEntry
-from ..layerfs import merge_scans, status_keep
+from ..caches.scans import ScanCache
 from ..layers import TarStream
-from ..layers.cache import ScanCache
 from ..layers.scan import scan_layer
+from ..views.from_layers import merge_scans, status_keep
 from .client import DockerEngine, ImageInfo
 from .save_views import save_layer_where, save_views
 

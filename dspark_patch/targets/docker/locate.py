@@ -3,7 +3,7 @@
 The image's distinct interpreters (targets/interpreter.py: from its config and path stats; or
 the one --python names) each run `inside/locate.py`, and one is chosen (`locate`); then the site
 folders at the usual places that hold a copy none of the image's interpreters imports
-(`unimported`). Both answers are kept by image id (targets/kept.py) until anything is written
+(`unimported`). Both answers are kept by image id (targets/caches/answers.py) until anything is written
 into the container.
 """
 
@@ -19,12 +19,13 @@ from ...distname import filename_name
 from ...errors import AmbiguousDistribution, BadInput, CheckFailed
 from ...inside import ISOLATED
 from ...inside.answers import LocateAnswer, MalformedAnswer, decode_locate, encode_locate
-from .. import imageconfig, interpreter, kept
+from .. import imageconfig, interpreter
 from ..base import Distribution, RecordEntry
+from ..caches import answers
 from .work_image import WorkImage
 
 _LOCATE_SOURCE = (Path(__file__).parent.parent.parent / "inside" / "locate.py").read_text()
-# What locate's and unimported's kept answers (targets/kept.py) are made by, besides the
+# What locate's and unimported's kept answers (targets/caches/answers.py) are made by, besides the
 # interpreter's own script: the code here and in target.py (its path stats and reads) that stats
 # the image and chooses among its pythons.
 _OWN_SOURCE = "".join((Path(__file__).parent.parent / name).read_text()
@@ -44,7 +45,7 @@ class ImageLocator:
     def locate(self, distribution: str) -> Distribution:
         """The distribution as the interpreter that owns it sees it (see interpreter.py)."""
         key = self._own_key("locate", distribution)
-        results = _kept_located(kept.get(key)) if key else None
+        results = _kept_located(answers.get(key)) if key else None
         failures: list[CheckFailed] = []
         if results is None:
             if self._wanted_python:
@@ -58,7 +59,7 @@ class ImageLocator:
                 except CheckFailed as exc:  # one broken python (say, a python2) need not hide the others
                     failures.append(exc)
             if key and not failures:
-                kept.keep(key, [{"interpreter": {"path": r.interpreter.path, "binary": r.interpreter.binary,
+                answers.keep(key, [{"interpreter": {"path": r.interpreter.path, "binary": r.interpreter.binary,
                                                  "venv": r.interpreter.venv}, "found": encode_locate(r.answer)}
                                 for r in results])
         self._note_imported(results)
@@ -99,12 +100,12 @@ class ImageLocator:
         Stats only, after `locate`; with --python the image's other interpreters are asked too
         (a copy some interpreter imports is no decoy)."""
         key = self._own_key("unimported", distribution, sorted(self._imported), sorted(self._located))
-        answer = kept.get(key) if key else None
+        answer = answers.get(key) if key else None
         if isinstance(answer, list) and all(isinstance(a, str) for a in answer):
             return tuple(answer)
         left = self._unimported(distribution)
         if key:
-            kept.keep(key, list(left))
+            answers.keep(key, list(left))
         return left
 
     def _unimported(self, distribution: str) -> tuple[str, ...]:
@@ -128,7 +129,7 @@ class ImageLocator:
     def _own_key(self, what: str, *args: Any) -> str | None:
         if self._image.written:
             return None
-        return kept.answer_key(image_id=self._image.source.id, engine=self._image.engine.host,
+        return answers.answer_key(image_id=self._image.source.id, engine=self._image.engine.host,
                                script=_OWN_SOURCE + _LOCATE_SOURCE, python=self._wanted_python or "", args=[what, *args])
 
     def _note_imported(self, results: Sequence[interpreter.Located]) -> None:

@@ -9,7 +9,7 @@ Design, from measurements on the ~2 GB fixture (vLLM 877 MB + torch 754 MB in on
 folder), on a loaded 2-core machine (`bench/status_fleet.py` prints the current figures):
 - Finding the site folder: `HEAD /containers/ID/archive` returns only the path-stat header,
   a few ms per path. The site folder is the one the image's interpreters import from
-  (targets/sitepath.py: the interpreters `apply` finds, their sys.path derived from prefix and
+  (targets/views/site_folders.py: the interpreters `apply` finds, their sys.path derived from prefix and
   version), the same rule as the layer route; the old sweep of the usual prefixes over
   python3.6 … 3.14 only names a copy that no interpreter imports.
 - Reading: the archive API cannot list a folder without sending all of it, and the check
@@ -45,11 +45,11 @@ from ...errors import (
 )
 from ...references.installer import SCRIPT_CAP
 from .. import imageconfig, interpreter
-from ..layerfs import folder_view, pth_in, site_files
 from ..layers import TarStream
 from ..runtime import runs_first
-from ..sitefiles import SiteFiles
-from ..sitepath import choose_site, interpreter_sites
+from ..views.from_layers import folder_view, pth_in, site_files
+from ..views.site_files import SiteFiles
+from ..views.site_folders import choose_site, interpreter_sites
 
 # Our container naming is shared with `gc`; the lead moves these into targets/docker/ at merge.
 from .client import DockerEngine
@@ -190,7 +190,7 @@ class ImageReader:
         return imageconfig.site_candidates(self._config, self.is_dir)
 
     def read_site(self, distribution: str, *, keep: Iterable[str] = ()) -> SiteFiles:
-        """The site folder the image's interpreters import `distribution` from (targets/sitepath.py,
+        """The site folder the image's interpreters import `distribution` from (targets/views/site_folders.py,
         the same rule as the layer route), read through the engine without running anything."""
         top = filename_name(distribution)
 

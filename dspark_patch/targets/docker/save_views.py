@@ -19,10 +19,10 @@ from typing import Any, BinaryIO
 import requests.exceptions
 
 from ...errors import DsparkPatchError, EnvironmentProblem, HostileLayer
-from ..layerfs import merge_scans, status_keep
+from ..caches.scans import ScanCache
 from ..layers import LayerScan, LayerView, TarStream, scan_layer
-from ..layers.cache import ScanCache
 from ..layers.tarstream import BLOCK
+from ..views.from_layers import merge_scans, status_keep
 from .client import DockerEngine
 from .reader import ChunkReader, engine_url
 

@@ -11,8 +11,8 @@ from contextlib import AbstractContextManager
 
 from ...errors import DsparkPatchError
 from ..base import ImageInfo, PullCallback, PullPolicy
+from ..caches.scans import ScanCache
 from ..layers import LayerView
-from ..layers.cache import ScanCache
 from . import reader
 from .client import DockerEngine
 from .emulation import check_emulation, engine_platform

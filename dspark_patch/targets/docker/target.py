@@ -29,7 +29,7 @@ from ...errors import (
 )
 from ...inside import ISOLATED
 from ...inside import source as inside_source
-from .. import interpreter, kept, runtime
+from .. import interpreter, runtime
 from ..base import (
     HANDSHAKE_PREFIX,
     CommittedImage,
@@ -40,7 +40,8 @@ from ..base import (
     RunResult,
     TargetInfo,
 )
-from ..layers.cache import ScanCache
+from ..caches import answers
+from ..caches.scans import ScanCache
 from . import emulation, layer_check, result_image, started, tree_hashes
 from .client import DockerEngine, ImageInfo
 from .container import NEW_FILE, ExecutableMissing, FileMeta, RunningCall, WorkContainer
@@ -185,11 +186,11 @@ class ImageTarget:
 
     def answer_key(self, source: str, args: Sequence[Any]) -> str | None:
         """The key under which the image's answer to the read-only script `source` run with
-        `args` by the distribution's python is kept (targets/kept.py); None once anything was
+        `args` by the distribution's python is kept (targets/caches/answers.py); None once anything was
         written into the work container (its tree is then no longer the image's)."""
         if self._written or self._dist is None:
             return None
-        return kept.answer_key(image_id=self.source.id, engine=self.engine.host, script=source,
+        return answers.answer_key(image_id=self.source.id, engine=self.engine.host, script=source,
                                python=self._dist.python, args=list(args))
 
     def runs_first(self, distribution: str, location: str, python: str | None) -> tuple[str, ...]:

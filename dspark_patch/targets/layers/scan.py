@@ -6,7 +6,7 @@ any path, so none may be dropped), the layer's whiteouts and opaque folders, and
 word per member (`present`: a path's hash -> is it a folder) so that a member the predicate did
 not keep can still hide what lower layers hold under it. No names or headers of the other
 members are kept. A scan depends only on the layer's bytes and the predicate, so a registry
-route can cache it by layer digest (targets/layers/cache.py); `present` uses Python's per-process `hash`, so a
+route can cache it by layer digest (targets/caches/scans.py); `present` uses Python's per-process `hash`, so a
 cache that outlives the process must rebuild it (or switch to a stable digest).
 
 Inside one layer the engine's unpacking is followed (moby `archive.UnpackLayer`, containerd
@@ -26,11 +26,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import BinaryIO, Literal
 
-from ..facts import read_facts
+from ..views.facts import read_facts
 from .tarstream import Kind, Limits, TarStream
 
 EntryKind = Literal["file", "dir", "symlink", "other"]
-# "facts": sha256 plus what a bytecode check needs (targets/facts.py: a .py's size, mtime and
+# "facts": sha256 plus what a bytecode check needs (targets/views/facts.py: a .py's size, mtime and
 # source hash, a .pyc's 16-byte header); "facts+bytes": and the bytes; ("capped", N): the bytes
 # when at most N, else only a `too_large` mark (a RECORD or .pth over its cap is refused later,
 # by whoever reads it, with its own message).

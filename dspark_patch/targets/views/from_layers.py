@@ -8,7 +8,7 @@ distribution's own folders, the bytes of every dist-info's RECORD and METADATA a
 `pyvenv.cfg` files and `/etc/debian_version`, the first bytes of every file in a `bin/` folder (interpreters and `#!`
 lines), the `lib/python3.X/os.py` landmarks, and every symlink.
 
-The site folder is the one the image's interpreters import from (`targets/sitepath.py`, the
+The site folder is the one the image's interpreters import from (`targets/views/site_folders.py`, the
 same rule as the container route), looked up through symlinks as a chroot would.
 
 Why layers: images of one fleet share their lower layers (tags of one serving image differ in a
@@ -26,17 +26,17 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any, BinaryIO
 
-from ..distname import filename_name
-from ..errors import AmbiguousDistribution, BadInput, TargetNotFound, UnreadableLayout, runs_first_message
-from ..inside.locate import RECORD_CAP, BadRecord, parse_record
-from ..references import DISTUTILS_HACK, PTH_CAP, STARTUP_MODULES, ScriptBytes, all_scripts, bytecode_source, script_rows
-from ..references.installer import METADATA_CAP, METADATA_FILES, SCRIPT_CAP
-from .layers import Entry, KeepPredicate, LayerView, scan_layer
-from .layers import merge as merge_scans
-from .layers.scan import Keep
-from .layers.tarstream import Kind
-from .runtime import runs_first
-from .sitefiles import SiteFiles
+from ...distname import filename_name
+from ...errors import AmbiguousDistribution, BadInput, TargetNotFound, UnreadableLayout, runs_first_message
+from ...inside.locate import RECORD_CAP, BadRecord, parse_record
+from ...references import DISTUTILS_HACK, PTH_CAP, STARTUP_MODULES, ScriptBytes, all_scripts, bytecode_source, script_rows
+from ...references.installer import METADATA_CAP, METADATA_FILES, SCRIPT_CAP
+from ..layers import Entry, KeepPredicate, LayerView, scan_layer
+from ..layers import merge as merge_scans
+from ..layers.scan import Keep
+from ..layers.tarstream import Kind
+from ..runtime import runs_first
+from .site_files import SiteFiles
 
 _SITE = re.compile(r"^(?P<site>(?:[^/]+/)*lib(?:64)?/python3(?:\.\d+)?/(?:site|dist)-packages)/(?P<rel>.+)$")
 _LIB_DIR = re.compile(r"^(?:[^/]+/)*lib(?:64)?/python3(?:\.\d+)?(?:/(?:site|dist)-packages)?$")
@@ -103,17 +103,17 @@ def status_keep(distribution: str, keep_paths: Iterable[str] = ()) -> KeepPredic
 
 
 def status_keep_identity(distribution: str, keep_paths: Iterable[str] = ()) -> str:
-    """Who `status_keep(distribution, keep_paths)` is, for the scan cache (targets/layers/cache.py):
+    """Who `status_keep(distribution, keep_paths)` is, for the scan cache (targets/caches/scans.py):
     its parameters, the caps it keeps by, and the source of the reader and of this predicate, so
     that a scan made for another predicate or by another version of the reader is never reused."""
     from pathlib import Path
 
-    from .. import __version__
-    from .layers.cache import scan_identity
+    from ... import __version__
+    from ..caches.scans import scan_identity
 
-    here = Path(__file__).parent
-    sources = {name: (here / name).read_bytes()
-               for name in ("layerfs.py", "facts.py", "layers/scan.py", "layers/tarstream.py")}
+    targets = Path(__file__).parent.parent
+    sources = {name: (targets / name).read_bytes()
+               for name in ("views/from_layers.py", "views/facts.py", "layers/scan.py", "layers/tarstream.py")}
     return scan_identity("status_keep", __version__, filename_name(distribution), *sorted(set(keep_paths)),
                          f"record_cap={RECORD_CAP}", f"pth_cap={PTH_CAP}", f"metadata_cap={METADATA_CAP}",
                          f"script_cap={SCRIPT_CAP}", *sorted(all_scripts(distribution)), sources=sources)
@@ -161,7 +161,7 @@ def everywhere(view: LayerView, distribution: str) -> list[str]:
 
 def find_site(view: LayerView, distribution: str, config: Mapping[str, Any], ref: str) -> SiteFiles:
     """The site folder the image's interpreters import `distribution` from, read from the view."""
-    from .sitepath import choose_site, interpreter_sites  # it stands on targets/docker, which imports this module
+    from .site_folders import choose_site, interpreter_sites  # it stands on targets/docker, which imports this module
 
     def read_small(path: str) -> bytes | None:
         entry = view.get(path)
@@ -290,7 +290,7 @@ def _parsed_record(data: bytes, strict: bool) -> tuple[tuple[str, str | None, in
 
 
 def _extra_facts(view: LayerView, real: str, own: Callable[[str], bool]) -> dict[str, Any]:
-    """The SiteFiles fields for .pth and bytecode (targets/facts.py) from a merged view."""
+    """The SiteFiles fields for .pth and bytecode (targets/views/facts.py) from a merged view."""
     pth: dict[str, bytes | None] = {}
     headers: dict[str, bytes] = {}
     sources: dict[str, tuple[int, int, bytes | None]] = {}

@@ -10,7 +10,7 @@ layer itself, so the cache stays small: the fixture's 2 GB of layers cache in a 
   and checked on load.
 - **Trust.** Only a scan of a layer whose bytes were checked against its digest is stored (the
   callers: registry route and save route hash what they scan). An entry is its seal under this
-  machine's cache key (targets/seal.py: an HMAC of the entry's name and body), then the body; a
+  machine's cache key (targets/caches/seal.py: an HMAC of the entry's name and body), then the body; a
   torn, truncated, foreign, copied or rewritten file is a miss (noted when its seal fails), never
   an error. Without a usable key nothing is kept or read.
 - **Concurrency.** Written to a temporary file in the cache folder, then renamed into place
@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import BadInput
-from .. import cachedir, seal
-from .scan import Entry, LayerScan
+from ..layers.scan import Entry, LayerScan
+from . import cachedir, seal
 
 ENV_ROOT = cachedir.ENV_ROOT
 ENV_MAX = "DSPARK_PATCH_CACHE_MAX"

@@ -2,7 +2,7 @@
 
 Nothing is imported or run: METADATA and RECORD are read as files (importlib.metadata's
 PathDistribution parses them), every file of the distribution's own folders is hashed
-(targets/facts.py), every entry is looked at with lstat first, so a FIFO, socket or device is
+(targets/views/facts.py), every entry is looked at with lstat first, so a FIFO, socket or device is
 listed as an entry that is not a regular file and never opened.
 """
 
@@ -15,13 +15,13 @@ from collections.abc import Iterable
 from importlib.metadata import PathDistribution
 from pathlib import Path
 
-from ..distname import canonical_name
-from ..errors import AmbiguousDistribution, TargetNotFound
-from ..inside.integrity import installer_files, own_folders
-from ..inside.locate import BadRecord, read_record_rows
-from ..references import DISTUTILS_HACK, PTH_CAP, all_scripts, script_rows
+from ...distname import canonical_name
+from ...errors import AmbiguousDistribution, TargetNotFound
+from ...inside.integrity import installer_files, own_folders
+from ...inside.locate import BadRecord, read_record_rows
+from ...references import DISTUTILS_HACK, PTH_CAP, all_scripts, script_rows
 from .facts import file_chunks, read_facts
-from .sitefiles import SiteFiles
+from .site_files import SiteFiles
 
 _PY_DIR = re.compile(r"python(\d+\.\d+)")
 
@@ -29,7 +29,7 @@ _PY_DIR = re.compile(r"python(\d+\.\d+)")
 
 
 def _kept(path: str, keep: frozenset[str]) -> bool:
-    from ..references import bytecode_source
+    from ...references import bytecode_source
 
     return path in keep or bytecode_source(path) in keep
 
@@ -58,7 +58,7 @@ def read_site(root: Path, distribution: str, *, keep: Iterable[str] = ()) -> Sit
     try:
         rows = read_record_rows(info_dir / "RECORD")
     except BadRecord as exc:
-        from ..errors import BadInput
+        from ...errors import BadInput
 
         raise BadInput(f"{info_dir.name}/RECORD in {root}: {exc}", hint="the RECORD is malformed; reinstall the release") from None
     record = tuple((path, sha) for path, sha, _ in rows)

@@ -26,8 +26,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import imageconfig
-from . import interpreter as interp
+from .. import imageconfig
+from .. import interpreter as interp
 
 ReadSmall = Callable[[str], "bytes | None"]
 _VERSIONED = re.compile(r"^python(3\.\d+)$")
@@ -124,7 +124,7 @@ def choose_site(ref: str, distribution: str, paths: Sequence[SitePath], holds: C
 
     None imports it: a copy elsewhere is named (imported by no interpreter), never read. Two
     interpreters importing different copies: which one runs cannot be told without running it."""
-    from ..errors import TargetNotFound, UnreadableLayout
+    from ...errors import TargetNotFound, UnreadableLayout
 
     found = importing(paths, holds)
     if not found:

@@ -25,7 +25,7 @@ class SiteFiles:
     unimported: tuple[str, ...] = ()    # other site folders holding the distribution that no interpreter imports
     pth: Mapping[str, bytes | None] = field(default_factory=dict)  # top-level .pth bytes (None: over references.PTH_CAP)
     dist_infos: tuple[str, ...] = ()    # every `<distribution>-*.dist-info` folder there (more than one is an error)
-    # Bytecode facts for `status` (which runs nothing; targets/facts.py): the first 16 bytes of
+    # Bytecode facts for `status` (which runs nothing; targets/views/facts.py): the first 16 bytes of
     # every .pyc in the own folders; per .py (mtime, size, importlib source hash under this
     # host's magic number or None); the bytes of the files known patch sets change and of their
     # bytecode (status/bytecode.py recompiles those).

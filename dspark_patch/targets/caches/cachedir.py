@@ -1,9 +1,9 @@
 """The project's cache folder on this machine: $DSPARK_PATCH_CACHE, default ~/.cache/dspark-patch.
 
 The wheels and images of scripts/ and tests/ are kept there too; the tool's own parts are
-`scans/` (layer scans, targets/layers/cache.py), `bytecode/` (proofs that a .pyc is what
-its interpreter compiles, targets/proofs.py) and `answers/` (an image's answers to read-only
-checks, kept by image id, targets/kept.py)."""
+`scans/` (layer scans, targets/caches/scans.py), `bytecode/` (proofs that a .pyc is what
+its interpreter compiles, targets/caches/proofs.py) and `answers/` (an image's answers to read-only
+checks, kept by image id, targets/caches/answers.py)."""
 
 from __future__ import annotations
 

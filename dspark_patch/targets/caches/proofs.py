@@ -8,7 +8,7 @@ one is as good as a compile): `$DSPARK_PATCH_CACHE/bytecode/`.
   hint for a target never checked here.
 - `<identity>/<distribution>-<version>`: that interpreter's proofs for that release, 16 bytes each.
 
-Every file is sealed with this machine's cache key (targets/seal.py): proofs planted, copied
+Every file is sealed with this machine's cache key (targets/caches/seal.py): proofs planted, copied
 from another machine or another release's file, or appended to are not sent (noted).
 
 What is sent is bounded (`SEND_CAP`: the argument a python is started with must stay well under
@@ -25,9 +25,9 @@ import os
 import re
 from pathlib import Path
 
-from ..inside.answers import IntegrityAnswer
+from ...inside.answers import IntegrityAnswer
+from ..base import Distribution, TargetInfo
 from . import cachedir, seal
-from .base import Distribution, TargetInfo
 
 PROOF_BYTES = 16
 SEND_CAP = 100 << 10         # base64 characters sent at most: 4,800 proofs (vLLM 0.33.0 has 3,231 .pyc)

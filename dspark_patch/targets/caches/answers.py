@@ -13,7 +13,7 @@ store. As Trivy keeps its analysis by image id and layer digest, a second `apply
   (another version of the tool asks again), the interpreter and every argument. It is stored in
   the entry and compared on load.
 - **When.** Only answers read from a container nothing was written into yet (the caller says so).
-- **Seal.** An entry is believed only under this machine's cache key (targets/seal.py): one
+- **Seal.** An entry is believed only under this machine's cache key (targets/caches/seal.py): one
   copied from another image's name, rewritten or planted is a miss and a note.
 - **Damage.** A torn, foreign or unreadable entry is a miss, never an error; writes are atomic.
 - **Shape.** Its reader decodes an entry as it decodes a fresh answer (inside/answers.py): one that
