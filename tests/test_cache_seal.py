@@ -40,7 +40,7 @@ def _key(image_id: str = "sha256:" + "a" * 64) -> str:
 
 
 def test_the_key_is_made_once_private_and_outside_the_cache(fresh: Path) -> None:
-    answers.keep(_key(), {"ok": 1})
+    answers.put(_key(), {"ok": 1})
     key = fresh / "state/cache.key"
     assert key.stat().st_mode & 0o777 == 0o600 and key.stat().st_size == 32
     assert answers.get(_key()) == {"ok": 1} and seal.notes() == ()
@@ -74,7 +74,7 @@ def test_a_key_that_cannot_be_trusted_turns_the_caches_off_and_says_why(fresh: P
         key.chmod(0o600)
     else:
         key.mkdir()
-    answers.keep(_key(), {"ok": 1})
+    answers.put(_key(), {"ok": 1})
     assert answers.get(_key()) is None
     assert not (fresh / "cache/answers").exists() or not any((fresh / "cache/answers").iterdir())
     (line,) = seal.notes()
@@ -85,7 +85,7 @@ def test_a_key_that_cannot_be_trusted_turns_the_caches_off_and_says_why(fresh: P
 
 def test_an_entry_copied_under_another_name_or_rewritten_is_a_miss(fresh: Path) -> None:
     patched, other = _key("sha256:" + "a" * 64), _key("sha256:" + "b" * 64)
-    answers.keep(patched, {"verdict": "clean"})
+    answers.put(patched, {"verdict": "clean"})
     source = fresh / "cache/answers" / hashlib.sha256(patched.encode()).hexdigest()
     raw = source.read_bytes()
     # copied under the other image's name, its key rewritten to match

@@ -34,7 +34,7 @@ from dspark_patch.report.status_model import ImageStatus
 from dspark_patch.status.fleet import _error_row, row_from_site
 from dspark_patch.targets.docker.save_views import views_from_save
 from dspark_patch.targets.layers import LayerView, Limits, merge, scan_layer
-from dspark_patch.targets.views.from_layers import find_site, status_keep
+from dspark_patch.targets.views.from_layers import find_site, status_retain
 from tests.support import hostile, oci, vllm
 from tests.support.cli import run
 from tests.support.fake_registry import fake_registry
@@ -81,13 +81,13 @@ def _subset() -> frozenset[str]:
 
 
 def site_members(tree: Path, site: str = SITE) -> list[hostile.Member]:
-    keep = _subset()
-    folders = sorted({"/".join(p.split("/")[:i]) for p in keep for i in range(1, p.count("/") + 1)})
+    retain = _subset()
+    folders = sorted({"/".join(p.split("/")[:i]) for p in retain for i in range(1, p.count("/") + 1)})
     members: list[hostile.Member] = [Dir(site), *(Dir(f"{site}/{f}") for f in folders)]
-    for rel in sorted(keep):
+    for rel in sorted(retain):
         data = (tree / rel).read_bytes()
         if rel.endswith("/RECORD"):
-            lines = [line for line in data.decode().splitlines(keepends=True) if line.split(",", 1)[0] in keep]
+            lines = [line for line in data.decode().splitlines(keepends=True) if line.split(",", 1)[0] in retain]
             data = "".join(lines).encode()
         members.append(File(f"{site}/{rel}", data))
     return members
@@ -116,7 +116,7 @@ def row_of(view: LayerView | DsparkPatchError, config: dict = CONFIG) -> ImageSt
 
 def layer_route(layers: Sequence[bytes], config: dict = CONFIG) -> ImageStatus:
     try:
-        scans = [scan_layer(io.BytesIO(data), where=f"layer {hostile.diff_id(data)[:19]}", keep=status_keep("vllm"))
+        scans = [scan_layer(io.BytesIO(data), where=f"layer {hostile.diff_id(data)[:19]}", retain=status_retain("vllm"))
                  for data in layers]
         view: LayerView | DsparkPatchError = merge(scans)
     except DsparkPatchError as exc:
@@ -135,11 +135,11 @@ def registry_reader(cache_root: Path | None = None):
     from dspark_patch.status.fleet import unreadable
     from dspark_patch.status.registry_route import RegistryReader
     from dspark_patch.targets.caches.scans import ScanCache
-    from dspark_patch.targets.views.from_layers import status_keep_identity
+    from dspark_patch.targets.views.from_layers import status_retain_identity
 
-    cache = ScanCache(cache_root or Path("/nonexistent"), identity=status_keep_identity("vllm"),
+    cache = ScanCache(cache_root or Path("/nonexistent"), identity=status_retain_identity("vllm"),
                       max_bytes=(1 << 30) if cache_root else 0)
-    return RegistryReader(patchsets=PATCHSETS, keep_paths=frozenset(), cache=cache, platform=None,
+    return RegistryReader(patchsets=PATCHSETS, retain_paths=frozenset(), cache=cache, platform=None,
                           row=row_from_site, error_row=_error_row, unreadable=unreadable)
 
 
@@ -156,14 +156,14 @@ def cached_route(layers: Sequence[bytes], config: dict = CONFIG) -> ImageStatus:
     import tempfile
 
     from dspark_patch.targets.caches.scans import ScanCache
-    from dspark_patch.targets.views.from_layers import status_keep_identity
+    from dspark_patch.targets.views.from_layers import status_retain_identity
 
-    identity = status_keep_identity("vllm")
+    identity = status_retain_identity("vllm")
     with tempfile.TemporaryDirectory() as root:
         try:
             scans = []
             for data in layers:
-                scan = scan_layer(io.BytesIO(data), where=f"layer {hostile.diff_id(data)[:19]}", keep=status_keep("vllm"))
+                scan = scan_layer(io.BytesIO(data), where=f"layer {hostile.diff_id(data)[:19]}", retain=status_retain("vllm"))
                 ScanCache(Path(root), identity=identity).put(hostile.diff_id(data), scan)
                 again = ScanCache(Path(root), identity=identity).get(hostile.diff_id(data))
                 assert again == scan, "the cache gave back another scan"
@@ -319,7 +319,7 @@ def test_a_checksum_mismatch_is_refused() -> None:
     block = bytearray(hostile.raw_header(b"a", size=0))
     block[0] = ord("b")
     with pytest.raises(HostileLayer, match="checksum"):
-        scan_layer(io.BytesIO(bytes(block) + bytes(1024)), where="layer L", keep=status_keep("vllm"))
+        scan_layer(io.BytesIO(bytes(block) + bytes(1024)), where="layer L", retain=status_retain("vllm"))
 
 
 # --- decoy-site-folder: a decoy site folder -------------------------------------------------------
@@ -371,7 +371,7 @@ def test_a_backslash_is_an_ordinary_character_not_a_path_separator(trees: dict[s
 # --- resource-exhaustion: bounded memory and time -------------------------------------------------
 def test_a_scan_keeps_only_what_the_check_needs() -> None:
     many = hostile.layer([Dir("data"), *(File(f"data/f{i}", b"x") for i in range(20_000))])
-    scan = scan_layer(io.BytesIO(many), where="layer L", keep=status_keep("vllm"))
+    scan = scan_layer(io.BytesIO(many), where="layer L", retain=status_retain("vllm"))
     assert scan.entries == {}  # nothing under a site folder, no symlink: no name kept
     assert len(scan.present) == 20_001  # one word per member, for what a lower layer holds below it
 
@@ -382,8 +382,8 @@ def test_many_whiteouts_over_many_files_merge_in_one_pass_each() -> None:
     site = f"{SITE}/pkg"
     files = hostile.layer([Dir(site), *(File(f"{site}/m{i}.py", b"x") for i in range(20_000))])
     gone = hostile.layer([*(Whiteout(f"{site}/m{i}.py") for i in range(0, 20_000, 2)), Opaque(f"{SITE}/other")])
-    keep = status_keep("vllm")
-    view = merge([scan_layer(io.BytesIO(files), where="a", keep=keep), scan_layer(io.BytesIO(gone), where="b", keep=keep)])
+    retain = status_retain("vllm")
+    view = merge([scan_layer(io.BytesIO(files), where="a", retain=retain), scan_layer(io.BytesIO(gone), where="b", retain=retain)])
     left = {p for p in view.entries if p.startswith(site + "/")}
     assert left == {f"{site}/m{i}.py" for i in range(1, 20_000, 2)}
 
@@ -395,7 +395,7 @@ def test_caps_give_one_clear_error(limits: Limits, says: str) -> None:
     data = hostile.layer([hostile.Raw(hostile.pax({"path": "a" * 80})), File("x"),
                           *(File(f"f{i}") for i in range(20))])
     with pytest.raises(HostileLayer, match=says):
-        scan_layer(io.BytesIO(data), where="layer L", keep=status_keep("vllm"), limits=limits)
+        scan_layer(io.BytesIO(data), where="layer L", retain=status_retain("vllm"), limits=limits)
 
 
 def _oversized(kind: str) -> hostile.Member:
@@ -422,7 +422,7 @@ def test_the_layer_reader_never_holds_an_oversized_record() -> None:
     data = hostile.layer([_oversized("RECORD")])
     tracemalloc.start()
     try:
-        scan = scan_layer(io.BytesIO(data), where="layer L", keep=status_keep("vllm"))
+        scan = scan_layer(io.BytesIO(data), where="layer L", retain=status_retain("vllm"))
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -441,12 +441,12 @@ def test_the_layer_reader_never_holds_an_oversized_record() -> None:
 ])
 def test_what_engines_unpack_differently_in_one_layer_is_refused(members: list, says: str) -> None:
     with pytest.raises(HostileLayer, match=says):
-        scan_layer(io.BytesIO(hostile.layer(members)), where="layer L", keep=status_keep("vllm"))
+        scan_layer(io.BytesIO(hostile.layer(members)), where="layer L", retain=status_retain("vllm"))
 
 
 def test_a_link_loop_is_an_error_not_a_hang() -> None:
     view = merge([scan_layer(io.BytesIO(hostile.layer([Link("a", "b"), Link("b", "a")])), where="L",
-                             keep=status_keep("vllm"))])
+                             retain=status_retain("vllm"))])
     with pytest.raises(UnreadableLayout, match="loop"):
         view.resolve("a/x")
     assert view.resolve("/x/../../y") == "y"  # `..` stops at the root, as in a chroot
@@ -667,7 +667,7 @@ def test_a_header_summed_as_signed_bytes_is_read_like_tarfile_and_go_read_it() -
     block[148:156] = b" " * 8
     signed = sum(b - 256 if b > 127 else b for b in block)
     block[148:156] = b"%06o\0 " % signed
-    scan = scan_layer(io.BytesIO(bytes(block) + bytes(1024)), where="layer L", keep=lambda p, k: "name")
+    scan = scan_layer(io.BytesIO(bytes(block) + bytes(1024)), where="layer L", retain=lambda p, k: "name")
     assert list(scan.entries) == ["é.py"]
     with tarfile.open(fileobj=io.BytesIO(bytes(block) + bytes(1024)), mode="r|") as tar:
         assert [m.name for m in tar] == ["é.py"]

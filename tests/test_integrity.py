@@ -584,7 +584,7 @@ def test_the_layer_reader_sees_startup_hooks_and_pth_files_and_refuses_a_bad_rec
     from dspark_patch.patchset import available
     from dspark_patch.status.assess import assess
     from dspark_patch.targets.layers import scan_layer
-    from dspark_patch.targets.views.from_layers import merge_scans, site_files, status_keep
+    from dspark_patch.targets.views.from_layers import merge_scans, site_files, status_retain
 
     site = "usr/local/lib/python3.11/dist-packages"
     wheel = (vllm.installed_tree("0.33.0") / INFO / "WHEEL").read_bytes()
@@ -597,7 +597,7 @@ def test_the_layer_reader_sees_startup_hooks_and_pth_files_and_refuses_a_bad_rec
                 member.size = len(data)
                 tar.addfile(member, io.BytesIO(data))
         buffer.seek(0)
-        return scan_layer(buffer, where="a test layer", keep=status_keep("vllm"))
+        return scan_layer(buffer, where="a test layer", retain=status_retain("vllm"))
 
     base = {f"{INFO}/METADATA": b"Metadata-Version: 2.1\nName: vllm\nVersion: 0.33.0\n", f"{INFO}/WHEEL": wheel,
             "vllm/__init__.py": b"", "sitecustomize/__init__.py": b"print('start')\n", "zz.pth": b"import os\n"}

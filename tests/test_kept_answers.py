@@ -32,7 +32,7 @@ def test_an_answer_is_kept_under_its_whole_key_and_anything_else_is_a_miss(tmp_p
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DSPARK_PATCH_CACHE", str(tmp_path / "cache"))
     answer = {"files": {"vllm/__init__.py": ["ab" * 32, 10]}, "pth": {}, "bytecode": {}}
-    answers.keep(_key(), answer)
+    answers.put(_key(), answer)
     assert answers.get(_key()) == answer
     # every part of the key matters: another image, engine, script, interpreter or request asks again
     for other in ({"image_id": "sha256:" + "b" * 64}, {"engine": "tcp://127.0.0.1:2375"}, {"script": "print(2)"},
@@ -51,7 +51,7 @@ def test_the_kept_answers_are_bounded_and_the_least_recently_used_go(tmp_path: P
     monkeypatch.setattr(answers, "MAX_ENTRIES", 3)
     keys = [_key(image_id=f"sha256:{i:064x}") for i in range(5)]
     for i, key in enumerate(keys):
-        answers.keep(key, i)
+        answers.put(key, i)
         entry = tmp_path / "cache/answers" / hashlib.sha256(key.encode()).hexdigest()
         assert answers.get(key) == i
         stamp = 1_000_000 + i

@@ -23,7 +23,7 @@ from dspark_patch.errors import BadInput
 from dspark_patch.targets.caches.scans import MAGIC, ScanCache, parse_size
 from dspark_patch.targets.layers import merge, scan_layer
 from dspark_patch.targets.layers.scan import path_key
-from dspark_patch.targets.views.from_layers import status_keep, status_keep_identity
+from dspark_patch.targets.views.from_layers import status_retain, status_retain_identity
 from tests.support import hostile, oci
 from tests.support.fake_registry import fake_registry
 from tests.support.hostile import Dir, File, Link, Whiteout
@@ -38,7 +38,7 @@ def _layer() -> bytes:
 
 
 def _scan(data: bytes):
-    return scan_layer(io.BytesIO(data), where="a layer", keep=status_keep("vllm"))
+    return scan_layer(io.BytesIO(data), where="a layer", retain=status_retain("vllm"))
 
 
 def test_path_keys_are_the_same_in_another_process() -> None:
@@ -53,19 +53,19 @@ def test_path_keys_are_the_same_in_another_process() -> None:
 def test_a_scan_comes_back_whole_and_only_for_its_predicate(tmp_path: Path) -> None:
     data = _layer()
     scan = _scan(data)
-    ScanCache(tmp_path, identity=status_keep_identity("vllm")).put(hostile.diff_id(data), scan)
-    again = ScanCache(tmp_path, identity=status_keep_identity("vllm")).get(hostile.diff_id(data))
+    ScanCache(tmp_path, identity=status_retain_identity("vllm")).put(hostile.diff_id(data), scan)
+    again = ScanCache(tmp_path, identity=status_retain_identity("vllm")).get(hostile.diff_id(data))
     assert again == scan and merge([again]).entries == merge([scan]).entries
     # Kept for another predicate (other patched paths, another distribution): never reused.
-    assert ScanCache(tmp_path, identity=status_keep_identity("vllm", ["vllm/envs.py"])).get(hostile.diff_id(data)) is None
-    assert ScanCache(tmp_path, identity=status_keep_identity("torch")).get(hostile.diff_id(data)) is None
+    assert ScanCache(tmp_path, identity=status_retain_identity("vllm", ["vllm/envs.py"])).get(hostile.diff_id(data)) is None
+    assert ScanCache(tmp_path, identity=status_retain_identity("torch")).get(hostile.diff_id(data)) is None
     # Nothing but the cache's own entries was written, all under its folder.
     assert [p.suffix for p in tmp_path.rglob("*") if p.is_file()] == [".scan"]
 
 
 @pytest.mark.parametrize("damage", ["truncated", "one byte flipped", "empty", "another entry's bytes", "not ours"])
 def test_a_damaged_entry_is_a_miss_never_an_error(tmp_path: Path, damage: str) -> None:
-    cache = ScanCache(tmp_path, identity=status_keep_identity("vllm"))
+    cache = ScanCache(tmp_path, identity=status_retain_identity("vllm"))
     data, other = _layer(), hostile.layer([File("etc/x", b"1")])
     cache.put(hostile.diff_id(data), _scan(data))
     cache.put(hostile.diff_id(other), _scan(other))

@@ -142,7 +142,7 @@ def _layer(files: dict[str, bytes | None]):
     import tarfile
 
     from dspark_patch.targets.layers import scan_layer
-    from dspark_patch.targets.views.from_layers import status_keep
+    from dspark_patch.targets.views.from_layers import status_retain
 
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
@@ -152,7 +152,7 @@ def _layer(files: dict[str, bytes | None]):
             info.size = len(data or b"")
             tar.addfile(info, io.BytesIO(data or b""))
     buffer.seek(0)
-    return scan_layer(buffer, where="a test layer", keep=status_keep("vllm"))
+    return scan_layer(buffer, where="a test layer", retain=status_retain("vllm"))
 
 
 def test_layers_stack_the_oci_way_and_give_the_same_site_files_as_the_folder(tmp_path: Path) -> None:

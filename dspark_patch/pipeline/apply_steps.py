@@ -120,7 +120,7 @@ def close(ctx: ApplyContext, outcome: Outcome) -> None:
     if outcome == "applied" and image is not None and layers is not None:
         commit_image(image.spec, image.target, ctx.planned, ctx.patchset, ctx.variant, run, dist=ctx.dist,
                      on_result=ctx.on_result)
-        layers.keep_new_layer()
+        layers.cache_new_layer()
     elif outcome == "applied" and ctx.local is not None:
         # the report set first, then the run is whole (inside the steps: a failure rolls back)
         record = local_steps.probe_record(ctx.patchset, ctx.dist, ctx.planned, hash_checks=ctx.policy.hash_checks)

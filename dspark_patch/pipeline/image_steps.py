@@ -124,12 +124,12 @@ class LayerCheck:
     def __init__(self, target: ImageCapable, distribution: str, *, started: StartedAnswer | None = None) -> None:
         # The strict layer reader loads here, for an image, not with every local command.
         from ..targets.caches.scans import ScanCache
-        from ..targets.views.from_layers import status_keep_identity
+        from ..targets.views.from_layers import status_retain_identity
 
         self._target, self._distribution = target, distribution
         self._as_started = started   # the image's python as it starts (refuse_runs_first), joined here too
-        self._keep = patched_paths(available())
-        self._cache = ScanCache.from_env(status_keep_identity(distribution, self._keep))
+        self._retain = patched_paths(available())
+        self._cache = ScanCache.from_env(status_retain_identity(distribution, self._retain))
         self._saved = False
         self._error: BaseException | None = None
         self._stop = threading.Event()
@@ -140,7 +140,7 @@ class LayerCheck:
 
     def _check(self) -> None:
         try:
-            self._saved = self._target.check_layers(self._distribution, self._keep, self._cache, stop=self._stop)
+            self._saved = self._target.check_layers(self._distribution, self._retain, self._cache, stop=self._stop)
         except BaseException as exc:  # raised in the caller's thread by join()
             self._error = exc
         finally:
@@ -154,10 +154,10 @@ class LayerCheck:
         self._stop.set()
         self._thread.join(timeout=2.0)
 
-    def keep_new_layer(self) -> None:
+    def cache_new_layer(self) -> None:
         """After the commit: the new layer's scan into the same cache, so that `status` (or an
         apply) of the result reads none of its layers again, the new one included."""
-        self._target.keep_layer_scan(self._distribution, self._keep, self._cache)
+        self._target.cache_layer_scan(self._distribution, self._retain, self._cache)
 
     def join(self, run: RunLog) -> None:
         if self._as_started is not None:

@@ -89,9 +89,9 @@ def _integrity_answer(target: Target, dist: Distribution,
     if held is not None:
         return *held, True
     answer, files = _gathered(target, dist, {**request, "proofs": proofs.to_send(target.info, dist)})
-    proofs.keep(target.info, dist, answer)
+    proofs.put(target.info, dist, answer)
     if key:
-        answers.keep(key, encode_integrity(replace(answer, identity=None, proofs=None,
+        answers.put(key, encode_integrity(replace(answer, identity=None, proofs=None,
                                                 files={p: (files[p], answer.files[p][1]) for p in files})))
     return answer, files, False
 

@@ -107,9 +107,9 @@ def check(site: SiteFiles) -> BytecodeCheck:
                 not_verified += 1
             elif header[8:16] != source_hash:
                 findings.append(f"{pyc}: checked-hash bytecode whose source hash is not {source}'s")
-            elif pyc in site.kept and source in site.kept:
+            elif pyc in site.retained and source in site.retained:
                 opt = _OPT.search(name)
-                to_compare.append((pyc, source, {"source": site.kept[source], "pyc": site.kept[pyc],
+                to_compare.append((pyc, source, {"source": site.retained[source], "pyc": site.retained[pyc],
                                                  "filename": f"{site.location}/{source}",
                                                  "opt": int(opt.group(1)) if opt else 0, "checked": bool(flags & 0b10)}))
             else:

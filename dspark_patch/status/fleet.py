@@ -142,7 +142,7 @@ def status(request: StatusRequest, *, on_progress: ProgressCallback | None = Non
         progress(root, "start", None)
         try:
             _refuse_unfinished(Path(root))
-            rows[root] = row_from_site(root, read_site(Path(root), DISTRIBUTION, keep=patched_paths(patchsets)), patchsets)
+            rows[root] = row_from_site(root, read_site(Path(root), DISTRIBUTION, retain=patched_paths(patchsets)), patchsets)
         except DsparkPatchError as exc:
             rows[root] = _error_row(root, exc)
         except OSError as exc:
@@ -172,16 +172,16 @@ def status(request: StatusRequest, *, on_progress: ProgressCallback | None = Non
 
 def scan_cache(request: StatusRequest, patchsets: Sequence[PatchSet]) -> ScanCache:
     """The layer-scan cache for this run's predicate (targets/caches/scans.py)."""
-    from ..targets.views.from_layers import status_keep_identity
+    from ..targets.views.from_layers import status_retain_identity
 
-    return ScanCache.from_env(status_keep_identity(DISTRIBUTION, patched_paths(patchsets)), request.cache_max)
+    return ScanCache.from_env(status_retain_identity(DISTRIBUTION, patched_paths(patchsets)), request.cache_max)
 
 
 def _from_registry(request: StatusRequest, patchsets: Sequence[PatchSet], progress: ProgressCallback,
                    refs: Sequence[str], *, absent_ok: bool = False) -> dict[str, tuple[ImageStatus, ...] | None]:
     from .registry_route import RegistryReader, read_all
 
-    reader = RegistryReader(patchsets=patchsets, keep_paths=patched_paths(patchsets), cache=scan_cache(request, patchsets),
+    reader = RegistryReader(patchsets=patchsets, retain_paths=patched_paths(patchsets), cache=scan_cache(request, patchsets),
                             platform=request.platform, row=row_from_site, error_row=_error_row, unreadable=unreadable)
     return read_all(reader, refs, jobs=request.jobs, absent_ok=absent_ok, progress=progress)
 
@@ -262,7 +262,7 @@ def _read_engine(request: StatusRequest, patchsets: Sequence[PatchSet], progress
         try:
             with engine.open_reader(ref, platform=request.platform, image_id=image_id) as reader:
                 extra["platform"] = reader.image_platform
-                return row_from_site(ref, reader.read_site(DISTRIBUTION, keep=patched_paths(patchsets)), patchsets, **extra)
+                return row_from_site(ref, reader.read_site(DISTRIBUTION, retain=patched_paths(patchsets)), patchsets, **extra)
         except DsparkPatchError as exc:
             return _error_row(ref, exc, **extra)
         except (ValueError, LookupError, TypeError, UnicodeError, tarfile.TarError) as exc:
@@ -312,7 +312,7 @@ def _read_layers(engine: ImageStore, by_id: dict[str, list[str]], infos: dict[st
             views[image_id] = exc
     try:
         if to_save:
-            views.update(engine.save_views(to_save, DISTRIBUTION, keep=patched_paths(patchsets), cache=cache))
+            views.update(engine.save_views(to_save, DISTRIBUTION, retain=patched_paths(patchsets), cache=cache))
     except DsparkPatchError as exc:
         failure = exc
     except (ValueError, LookupError, TypeError, UnicodeError, tarfile.TarError) as exc:

@@ -2,7 +2,7 @@
 
 For each reference: the manifest it names (an index: each of its platforms, or those
 `--platform` selects), the config, then each layer streamed through the same strict layer
-reader and merge as the save route (`targets/layers`, `targets/views/from_layers.status_keep`), and the
+reader and merge as the save route (`targets/layers`, `targets/views/from_layers.status_retain`), and the
 site folder found by the same rule (`targets/views/from_layers.find_site`, from the interpreters present,
 without running anything). The rows are the engine routes' rows: same states, same lists.
 
@@ -32,7 +32,7 @@ from ..registry.platform_select import Platform, UnknownPlatform, select
 from ..report.status_model import ImageStatus
 from ..targets.caches.scans import ScanCache
 from ..targets.layers import LayerScan, scan_layer
-from ..targets.views.from_layers import find_site, merge_scans, status_keep
+from ..targets.views.from_layers import find_site, merge_scans, status_retain
 
 DISTRIBUTION = "vllm"
 Event = Literal["start", "done"]
@@ -55,11 +55,11 @@ class LayerCounts:
 class RegistryReader:
     """Reads references from their registries; one instance per run (its layer memo is the run's)."""
 
-    def __init__(self, *, patchsets: Sequence[PatchSet], keep_paths: frozenset[str], cache: ScanCache,
+    def __init__(self, *, patchsets: Sequence[PatchSet], retain_paths: frozenset[str], cache: ScanCache,
                  platform: str | None, row: Callable[..., ImageStatus], error_row: Callable[..., ImageStatus],
                  unreadable: Callable[[str, Exception], DsparkPatchError]) -> None:
         self._patchsets = patchsets
-        self._keep = status_keep(DISTRIBUTION, keep_paths)
+        self._retain = status_retain(DISTRIBUTION, retain_paths)
         self.cache = cache
         self._platform = platform
         self._row, self._error_row, self._unreadable = row, error_row, unreadable
@@ -153,7 +153,7 @@ class RegistryReader:
         stream = open_layer(registry, ref, blob, diff_id)
         try:
             try:
-                scan = scan_layer(stream.fileobj, where=stream.where, keep=self._keep)
+                scan = scan_layer(stream.fileobj, where=stream.where, retain=self._retain)
             except DsparkPatchError:
                 stream.check_blob()  # a corrupt blob is reported as one
                 raise

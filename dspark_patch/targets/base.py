@@ -186,14 +186,14 @@ class ImageCapable(Target, Protocol):
         """The source image's labels."""
         ...
 
-    def check_layers(self, distribution: str, keep: Iterable[str], cache: ScanCache, *,
+    def check_layers(self, distribution: str, retain: Iterable[str], cache: ScanCache, *,
                      stop: threading.Event | None = None) -> bool:
         """Read the source image's layers with the strict layer reader and raise what it refuses;
         layers `cache` holds are not read again. Whether the image had to be saved; setting
         `stop` ends a read under way."""
         ...
 
-    def keep_layer_scan(self, distribution: str, keep: Iterable[str], cache: ScanCache) -> None:
+    def cache_layer_scan(self, distribution: str, retain: Iterable[str], cache: ScanCache) -> None:
         """Keep the scan of the layer `commit` added in `cache`, by its diff_id, as
         `check_layers` keeps the source's: its bytes are the tool's own, so a later read of the
         result need not save the image for it."""
@@ -328,7 +328,7 @@ class SiteReader(Protocol):
 
     image_platform: str | None    # set once opened: os/architecture[/variant]
 
-    def read_site(self, distribution: str, *, keep: Iterable[str] = ()) -> SiteFiles: ...
+    def read_site(self, distribution: str, *, retain: Iterable[str] = ()) -> SiteFiles: ...
 
 
 class ImageStore(Protocol):
@@ -385,7 +385,7 @@ class ImageStore(Protocol):
         ...
 
     def save_views(self, image_ids: Sequence[str], distribution: str,
-                   keep: Iterable[str] = (), cache: ScanCache | None = None) -> dict[str, LayerView | DsparkPatchError]:
+                   retain: Iterable[str] = (), cache: ScanCache | None = None) -> dict[str, LayerView | DsparkPatchError]:
         """Every image's merged layer view from one save of all of them (shared layers read once;
         each layer's scan kept in `cache` by its digest); an image whose layers cannot be read
         maps to its error."""

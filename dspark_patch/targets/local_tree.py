@@ -133,7 +133,7 @@ class LocalTree:
 
     def settle(self, record: ProbeRecord | None) -> None:
         if record is not None:
-            probe_record.keep(self.root, record)
+            probe_record.write(self.root, record)
         if journal.exists(self.root):
             journal.remove(self.root)
 

@@ -53,7 +53,7 @@ def holds(root: Path, record: ProbeRecord) -> bool:
         return False
 
 
-def keep(root: Path, record: ProbeRecord) -> None:
+def write(root: Path, record: ProbeRecord) -> None:
     _change(root, lambda folder: folder.write(NAME, json.dumps(_doc(record), indent=1).encode("utf-8")))
 
 

@@ -69,7 +69,7 @@ def get(key: str) -> Any | None:
     return doc["answer"]
 
 
-def keep(key: str, answer: Any) -> None:
+def put(key: str, answer: Any) -> None:
     """Store `answer` under `key`. Never fails a run: a cache that cannot be written is no cache."""
     path = _file(key)
     try:

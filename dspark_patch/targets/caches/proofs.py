@@ -105,7 +105,7 @@ def _records(data: bytes) -> set[bytes]:
     return {data[i:i + PROOF_BYTES] for i in range(0, len(data) - len(data) % PROOF_BYTES, PROOF_BYTES)}
 
 
-def keep(info: TargetInfo, dist: Distribution, answer: IntegrityAnswer) -> None:
+def put(info: TargetInfo, dist: Distribution, answer: IntegrityAnswer) -> None:
     """Store what the interpreter answered (its identity, this run's proofs). Never fails a run."""
     identity = answer.identity
     held = answer.proofs

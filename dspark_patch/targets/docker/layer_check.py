@@ -1,7 +1,7 @@
 """The strict layer reader on an image target's layers (docs/design.md: the source's layers, through
 the strict reader): the source image's layers read as `status --via layers` reads them, from the
 scan cache by diff_id or else one save (`check_layers`); the scan of the layer apply added, kept
-beside them (`keep_layer_scan`); and the new layer's own check (`layer_entries`).
+beside them (`cache_layer_scan`); and the new layer's own check (`layer_entries`).
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from ..base import LayerEntry
 from ..caches.scans import ScanCache
 from ..layers import TarStream
 from ..layers.scan import scan_layer
-from ..views.from_layers import merge_scans, status_keep
+from ..views.from_layers import merge_scans, status_retain
 from .client import DockerEngine, ImageInfo
 from .save_views import save_layer_where, save_views
 
 
-def check_layers(engine: DockerEngine, source: ImageInfo, ref: str, distribution: str, keep: Iterable[str],
+def check_layers(engine: DockerEngine, source: ImageInfo, ref: str, distribution: str, retain: Iterable[str],
                  cache: ScanCache, *, stop: threading.Event | None = None) -> bool:
     """Read the source image's layers with the strict layer reader, as `status --via layers`
     does, and raise what it refuses (a header two tar readers read differently, an unclean
@@ -36,7 +36,7 @@ def check_layers(engine: DockerEngine, source: ImageInfo, ref: str, distribution
         found: object = merge_scans([s for s in scans if s is not None], where=f"image {ref}")
         saved = False
     else:
-        found = save_views(engine, [source.id], distribution, keep, cache, stop=stop).get(source.id)
+        found = save_views(engine, [source.id], distribution, retain, cache, stop=stop).get(source.id)
         saved = True
     if found is None:
         raise EnvironmentProblem(f"the engine's save of image {ref} did not hold all of its layers")
@@ -47,7 +47,7 @@ def check_layers(engine: DockerEngine, source: ImageInfo, ref: str, distribution
     return saved
 
 
-def keep_layer_scan(layer: bytes | None, distribution: str, keep: Iterable[str], cache: ScanCache) -> None:
+def cache_layer_scan(layer: bytes | None, distribution: str, retain: Iterable[str], cache: ScanCache) -> None:
     """The scan of the layer `commit` added, into `cache` by its diff_id (the sha256 of these
     very bytes, which the engine checked on load), named as a save would name it: a status of
     the result then saves nothing (the source's layers are there from `check_layers`). A
@@ -56,7 +56,7 @@ def keep_layer_scan(layer: bytes | None, distribution: str, keep: Iterable[str],
         return
     digest = "sha256:" + hashlib.sha256(layer).hexdigest()
     try:
-        scan = scan_layer(io.BytesIO(layer), where=save_layer_where(digest), keep=status_keep(distribution, keep))
+        scan = scan_layer(io.BytesIO(layer), where=save_layer_where(digest), retain=status_retain(distribution, retain))
     except DsparkPatchError:
         return
     cache.put(digest, scan)

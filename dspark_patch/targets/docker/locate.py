@@ -59,7 +59,7 @@ class ImageLocator:
                 except CheckFailed as exc:  # one broken python (say, a python2) need not hide the others
                     failures.append(exc)
             if key and not failures:
-                answers.keep(key, [{"interpreter": {"path": r.interpreter.path, "binary": r.interpreter.binary,
+                answers.put(key, [{"interpreter": {"path": r.interpreter.path, "binary": r.interpreter.binary,
                                                  "venv": r.interpreter.venv}, "found": encode_locate(r.answer)}
                                 for r in results])
         self._note_imported(results)
@@ -105,7 +105,7 @@ class ImageLocator:
             return tuple(answer)
         left = self._unimported(distribution)
         if key:
-            answers.keep(key, list(left))
+            answers.put(key, list(left))
         return left
 
     def _unimported(self, distribution: str) -> tuple[str, ...]:

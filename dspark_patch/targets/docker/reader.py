@@ -189,7 +189,7 @@ class ImageReader:
         """Every site folder at the usual places (only to name a copy no interpreter imports)."""
         return imageconfig.site_candidates(self._config, self.is_dir)
 
-    def read_site(self, distribution: str, *, keep: Iterable[str] = ()) -> SiteFiles:
+    def read_site(self, distribution: str, *, retain: Iterable[str] = ()) -> SiteFiles:
         """The site folder the image's interpreters import `distribution` from (targets/views/site_folders.py,
         the same rule as the layer route), read through the engine without running anything."""
         top = filename_name(distribution)
@@ -210,7 +210,7 @@ class ImageReader:
 
         paths = interpreter_sites(self._config, self.stat, read_head, self.read_small)
         chosen, site = choose_site(self.ref, distribution, paths, holds, everywhere)
-        found = self._read(site, distribution, keep)
+        found = self._read(site, distribution, retain)
         first = runs_first(self._config, self.stat, self.read_small, site=site, python=found.python or chosen.python,
                            distribution=distribution, sites=chosen.sites,
                            pth_files=lambda folder: self._pth_files(folder, distribution))
@@ -219,13 +219,13 @@ class ImageReader:
         others = tuple(s for s in everywhere() if s != site)
         return replace(found, python=found.python or chosen.python, unimported=others)
 
-    def _read(self, site: str, distribution: str, keep: Iterable[str] = ()) -> SiteFiles:
+    def _read(self, site: str, distribution: str, retain: Iterable[str] = ()) -> SiteFiles:
         # A site folder reached through a link is read where the link leads (dockerd's stat gives
         # the target resolved in the container); the archive's names start with the folder's name.
         stat = self.stat(site) or {}
         real = str(stat.get("linkTarget") or site) if imageconfig.is_link(stat) else site
         view = folder_view(self._chunks(real), folder=real, distribution=distribution,
-                           where=f"the engine's tar of {real} in image {self.ref}", keep=keep)
+                           where=f"the engine's tar of {real} in image {self.ref}", retain=retain)
         found = site_files(view, distribution, real)
         if found is None:
             raise TargetNotFound(f"{site}/{filename_name(distribution)} in image {self.ref} has no {distribution} dist-info "

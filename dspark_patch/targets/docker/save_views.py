@@ -22,13 +22,13 @@ from ...errors import DsparkPatchError, EnvironmentProblem, HostileLayer
 from ..caches.scans import ScanCache
 from ..layers import LayerScan, LayerView, TarStream, scan_layer
 from ..layers.tarstream import BLOCK
-from ..views.from_layers import merge_scans, status_keep
+from ..views.from_layers import merge_scans, status_retain
 from .client import DockerEngine
 from .reader import ChunkReader, engine_url
 
 
 def save_views(engine: DockerEngine, image_ids: Sequence[str], distribution: str,
-               keep: Iterable[str] = (), cache: ScanCache | None = None, *,
+               retain: Iterable[str] = (), cache: ScanCache | None = None, *,
                stop: threading.Event | None = None) -> dict[str, LayerView | DsparkPatchError]:
     """Every image's merged view from ONE `docker save` of all of them (shared layers come once).
 
@@ -47,7 +47,7 @@ def save_views(engine: DockerEngine, image_ids: Sequence[str], distribution: str
     try:
         chunks = response.iter_content(1 << 20)
         stream = io.BufferedReader(ChunkReader(chunks if stop is None else _until(stop, chunks)), 1 << 20)
-        return views_from_save(stream, image_ids, distribution, keep, cache=cache)
+        return views_from_save(stream, image_ids, distribution, retain, cache=cache)
     except requests.exceptions.RequestException as exc:
         raise EnvironmentProblem(f"reading the images' layers failed: {exc}") from exc
     finally:
@@ -68,14 +68,14 @@ def save_layer_where(digest: str) -> str:
 
 
 def views_from_save(stream: BinaryIO, image_ids: Sequence[str], distribution: str,
-                    keep_paths: Iterable[str] = (), *, cache: ScanCache | None = None,
+                    retain_paths: Iterable[str] = (), *, cache: ScanCache | None = None,
                     ) -> dict[str, LayerView | DsparkPatchError]:
     """The views of `image_ids` from a `docker save` archive (pure: no engine).
 
     `cache`: each layer's scan is stored under the sha256 of the tar it scanned (its diff_id,
     hashed here, so what is stored is what was read); a layer whose archive name is its digest
     (the OCI layout's `blobs/sha256/…`) and that the cache holds is not scanned again."""
-    keep = status_keep(distribution, keep_paths)
+    retain = status_retain(distribution, retain_paths)
     layers: dict[str, LayerScan | DsparkPatchError] = {}
     # A layer the archive already holds under another folder is written as a symlink to it
     # (dockerd does this when a layer is the top of one image and a lower layer of another).
@@ -112,7 +112,7 @@ def views_from_save(stream: BinaryIO, image_ids: Sequence[str], distribution: st
             plain = _Hashing(source)
             try:
                 buffered = io.BufferedReader(plain, 1 << 20)  # held: closing it would close `plain`
-                scanned = scan_layer(buffered, where=where, keep=keep)
+                scanned = scan_layer(buffered, where=where, retain=retain)
                 layers[member.name] = scanned
                 digest = plain.drain()
                 if cache is not None:

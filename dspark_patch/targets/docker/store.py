@@ -69,8 +69,8 @@ class DockerStore:
         return self.engine.removed_on_term()
 
     def save_views(self, image_ids: Sequence[str], distribution: str,
-                   keep: Iterable[str] = (), cache: ScanCache | None = None) -> dict[str, LayerView | DsparkPatchError]:
-        return save_views(self.engine, image_ids, distribution, keep, cache)
+                   retain: Iterable[str] = (), cache: ScanCache | None = None) -> dict[str, LayerView | DsparkPatchError]:
+        return save_views(self.engine, image_ids, distribution, retain, cache)
 
 
 __all__ = ["DockerStore"]

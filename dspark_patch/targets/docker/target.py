@@ -175,14 +175,14 @@ class ImageTarget:
         """Site folders holding `distribution` that no interpreter of the image imports (locate.py)."""
         return self._locator.unimported(distribution)
 
-    def check_layers(self, distribution: str, keep: Iterable[str], cache: ScanCache, *,
+    def check_layers(self, distribution: str, retain: Iterable[str], cache: ScanCache, *,
                      stop: threading.Event | None = None) -> bool:
         """The source's layers through the strict layer reader (layer_check.py)."""
-        return layer_check.check_layers(self.engine, self.source, self.ref, distribution, keep, cache, stop=stop)
+        return layer_check.check_layers(self.engine, self.source, self.ref, distribution, retain, cache, stop=stop)
 
-    def keep_layer_scan(self, distribution: str, keep: Iterable[str], cache: ScanCache) -> None:
+    def cache_layer_scan(self, distribution: str, retain: Iterable[str], cache: ScanCache) -> None:
         """The scan of the layer `commit` added, kept beside the source's (layer_check.py)."""
-        layer_check.keep_layer_scan(self._layer, distribution, keep, cache)
+        layer_check.cache_layer_scan(self._layer, distribution, retain, cache)
 
     def answer_key(self, source: str, args: Sequence[Any]) -> str | None:
         """The key under which the image's answer to the read-only script `source` run with

@@ -6,8 +6,8 @@ engine unpacks them and looks paths up as a chroot would. Rules: docs/status.md,
 """
 
 from .merge import LayerView, merge
-from .scan import Entry, Keep, KeepPredicate, LayerScan, scan_layer
+from .scan import Entry, LayerScan, Retain, RetainPredicate, scan_layer
 from .tarstream import Limits, Member, TarStream
 
-__all__ = ["Entry", "Keep", "KeepPredicate", "LayerScan", "LayerView", "Limits", "Member", "TarStream", "merge",
+__all__ = ["Entry", "LayerScan", "LayerView", "Limits", "Member", "Retain", "RetainPredicate", "TarStream", "merge",
            "scan_layer"]

@@ -1,6 +1,6 @@
-"""One layer tar read once, keeping only what a check asks for: `scan_layer(fileobj, keep=…)`.
+"""One layer tar read once, retaining only what a check asks for: `scan_layer(fileobj, retain=…)`.
 
-The result, `LayerScan`, is what a merge needs and no more: the members the `keep` predicate
+The result, `LayerScan`, is what a merge needs and no more: the members the `retain` predicate
 chose (with their sha256, their bytes or their first bytes), every symlink (a link can move
 any path, so none may be dropped), the layer's whiteouts and opaque folders, and one machine
 word per member (`present`: a path's hash -> is it a folder) so that a member the predicate did
@@ -34,8 +34,8 @@ EntryKind = Literal["file", "dir", "symlink", "other"]
 # source hash, a .pyc's 16-byte header); "facts+bytes": and the bytes; ("capped", N): the bytes
 # when at most N, else only a `too_large` mark (a RECORD or .pth over its cap is refused later,
 # by whoever reads it, with its own message).
-Keep = Literal["name", "hash", "bytes", "head", "facts", "facts+bytes"] | tuple[Literal["capped"], int] | None
-KeepPredicate = Callable[[str, Kind], Keep]
+Retain = Literal["name", "hash", "bytes", "head", "facts", "facts+bytes"] | tuple[Literal["capped"], int] | None
+RetainPredicate = Callable[[str, Kind], Retain]
 HEAD_BYTES = 256
 BYTES_CAP = 64 << 20
 OPAQUE = ".wh..wh..opq"
@@ -80,7 +80,7 @@ def ancestors(path: str) -> list[str]:
     return found
 
 
-def scan_layer(fileobj: BinaryIO, *, where: str, keep: KeepPredicate, limits: Limits = Limits(),
+def scan_layer(fileobj: BinaryIO, *, where: str, retain: RetainPredicate, limits: Limits = Limits(),
                prefix: str = "") -> LayerScan:
     """`prefix`: the folder the tar's names are relative to (the engine's tar of one folder)."""
     tar = TarStream(fileobj, where=where, limits=limits)
@@ -138,12 +138,12 @@ def scan_layer(fileobj: BinaryIO, *, where: str, keep: KeepPredicate, limits: Li
             if present.get(path_key(member.linkname)) is not False or member.linkname == path:
                 raise tar.refuse(f"a hard link to {member.linkname!r}, which is no earlier file of this layer "
                                  "(engines resolve it in different trees)")
-            if keep(path, "file"):
+            if retain(path, "file"):
                 source = entries.get(member.linkname)
                 entries[path] = source if source is not None and source.kind == "file" else Entry("other")
                 order[path] = member.index
             continue
-        wanted = keep(path, member.kind)
+        wanted = retain(path, member.kind)
         if not wanted:
             continue
         order[path] = member.index
@@ -167,7 +167,7 @@ def scan_layer(fileobj: BinaryIO, *, where: str, keep: KeepPredicate, limits: Li
                 data = tar.read_all(wanted[1])
                 entries[path] = Entry("file", sha256=hashlib.sha256(data).hexdigest(), data=data, size=member.size)
         elif wanted in ("facts", "facts+bytes"):
-            facts = read_facts(path, tar.chunks(), keep=wanted == "facts+bytes")
+            facts = read_facts(path, tar.chunks(), retain=wanted == "facts+bytes")
             entries[path] = Entry("file", sha256=facts.sha256, data=facts.data, size=member.size, header=facts.header,
                                   source=(member.mtime, facts.size, facts.source_hash) if path.endswith(".py") else None)
         elif wanted == "hash":

@@ -2,7 +2,7 @@
 
 Every file: its sha256. A `.py` source (up to SOURCE_CAP): its size and importlib's source hash
 (under this host's magic number), for the checked-hash bytecode header check; a `.pyc`: its
-first 16 bytes (the header). A path in `keep` (the files known patch sets change, and their
+first 16 bytes (the header). A path in `retain` (the files known patch sets change, and their
 bytecode): its bytes, so `status` can recompile them (status/bytecode.py). Bounded: nothing but
 the kept files and 16-byte headers is held.
 """
@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 SOURCE_CAP = 16 << 20   # a larger .py is hashed but gets no source hash (its bytecode: not verified)
-KEEP_CAP = 16 << 20
+RETAIN_CAP = 16 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,13 +28,13 @@ class FileFacts:
     data: bytes | None = None          # a kept file's bytes
 
 
-def read_facts(rel: str, chunks: Iterable[bytes | memoryview], *, keep: bool = False) -> FileFacts:
+def read_facts(rel: str, chunks: Iterable[bytes | memoryview], *, retain: bool = False) -> FileFacts:
     """Facts of one file from its bytes in `chunks` (a chunk may be a view into a buffer that is
     reused for the next one: what is held is copied)."""
     digest = hashlib.sha256()
     size = 0
     head = b""
-    whole: list[bytes] | None = [] if rel.endswith(".py") or keep else None
+    whole: list[bytes] | None = [] if rel.endswith(".py") or retain else None
     for chunk in chunks:
         digest.update(chunk)
         if len(head) < 16:
@@ -42,14 +42,14 @@ def read_facts(rel: str, chunks: Iterable[bytes | memoryview], *, keep: bool = F
         size += len(chunk)
         if whole is not None:
             whole.append(bytes(chunk))
-            if size > max(SOURCE_CAP, KEEP_CAP):
+            if size > max(SOURCE_CAP, RETAIN_CAP):
                 whole = None
     data = b"".join(whole) if whole is not None else None
     return FileFacts(
         sha256=digest.hexdigest(), size=size,
         source_hash=importlib.util.source_hash(data) if rel.endswith(".py") and data is not None and size <= SOURCE_CAP else None,
         header=head if rel.endswith(".pyc") else None,
-        data=data if keep and data is not None and size <= KEEP_CAP else None,
+        data=data if retain and data is not None and size <= RETAIN_CAP else None,
     )
 
 

@@ -28,18 +28,18 @@ _PY_DIR = re.compile(r"python(\d+\.\d+)")
 
 
 
-def _kept(path: str, keep: frozenset[str]) -> bool:
+def _retained(path: str, retain: frozenset[str]) -> bool:
     from ...references import bytecode_source
 
-    return path in keep or bytecode_source(path) in keep
+    return path in retain or bytecode_source(path) in retain
 
 
-def read_site(root: Path, distribution: str, *, keep: Iterable[str] = ()) -> SiteFiles:
-    """`keep`: paths (relative to root) whose bytes, and whose bytecode's, the view keeps."""
+def read_site(root: Path, distribution: str, *, retain: Iterable[str] = ()) -> SiteFiles:
+    """`retain`: paths (relative to root) whose bytes, and whose bytecode's, the view retains."""
     if not root.is_dir():
         raise TargetNotFound(f"--root {root}: no such directory", hint="give the site-packages folder that holds the package")
     root = root.resolve()
-    keep = frozenset(keep)
+    retain = frozenset(retain)
     wanted = canonical_name(distribution)
     mine = []
     for info_dir in sorted(root.glob("*.dist-info")):
@@ -66,7 +66,7 @@ def read_site(root: Path, distribution: str, *, keep: Iterable[str] = ()) -> Sit
     others: list[str] = []
     pyc_headers: dict[str, bytes] = {}
     sources: dict[str, tuple[int, int, bytes | None]] = {}
-    kept: dict[str, bytes] = {}
+    retained: dict[str, bytes] = {}
     top = wanted.replace("-", "_")
     folders = own_folders(p for p, _ in record) | {top} | {i.name for i in root.glob("*.dist-info")
                                                            if canonical_name(i.name.split("-")[0]) == wanted}
@@ -92,7 +92,7 @@ def read_site(root: Path, distribution: str, *, keep: Iterable[str] = ()) -> Sit
                     others.append(rel)
                     continue
                 with open(full, "rb", buffering=0) as fh:
-                    facts = read_facts(rel, file_chunks(fh.fileno(), buf), keep=_kept(rel, keep))
+                    facts = read_facts(rel, file_chunks(fh.fileno(), buf), retain=_retained(rel, retain))
                     mtime = int(os.fstat(fh.fileno()).st_mtime)
                 hashes[rel] = facts.sha256
                 if facts.header is not None:
@@ -100,7 +100,7 @@ def read_site(root: Path, distribution: str, *, keep: Iterable[str] = ()) -> Sit
                 if rel.endswith(".py"):
                     sources[rel] = (mtime, facts.size, facts.source_hash)
                 if facts.data is not None:
-                    kept[rel] = facts.data
+                    retained[rel] = facts.data
             dirnames[:] = [d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))]
     top_level: list[str] = []
     pth: dict[str, bytes | None] = {}
@@ -131,7 +131,7 @@ def read_site(root: Path, distribution: str, *, keep: Iterable[str] = ()) -> Sit
     return SiteFiles(location=str(root), distribution=name, release=dist.version,
                      python=found.group(1) if found else None, record=record, hashes=hashes,
                      others=tuple(sorted(others)), top_level=tuple(sorted(top_level)), listed_anywhere=frozenset(listed),
-                     pth=pth, dist_infos=(info_dir.name,), pyc_headers=pyc_headers, sources=sources, kept=kept,
+                     pth=pth, dist_infos=(info_dir.name,), pyc_headers=pyc_headers, sources=sources, retained=retained,
                      metadata={k: None if v is None else v.encode("latin-1") for k, v in metadata.items()},
                      scripts={k: v["why"] if isinstance(v, dict) else None if v is None else v.encode("latin-1")
                               for k, v in scripts.items()})

@@ -2,7 +2,7 @@
 
 No engine here. Each layer tar (from `docker save`, see targets/docker/save_views.py) goes through
 the one strict layer reader (`targets/layers`: refuses what tar readers could read differently,
-keeps only what `status_keep` asks for, merges the engine's way). Kept: every entry under a
+retains only what `status_retain` asks for, merges the engine's way). Retained: every entry under a
 `…/lib/python3.X/{site,dist}-packages/` folder (names and kinds), the sha256 of files in the
 distribution's own folders, the bytes of every dist-info's RECORD and METADATA and of
 `pyvenv.cfg` files and `/etc/debian_version`, the first bytes of every file in a `bin/` folder (interpreters and `#!`
@@ -31,9 +31,9 @@ from ...errors import AmbiguousDistribution, BadInput, TargetNotFound, Unreadabl
 from ...inside.locate import RECORD_CAP, BadRecord, parse_record
 from ...references import DISTUTILS_HACK, PTH_CAP, STARTUP_MODULES, ScriptBytes, all_scripts, bytecode_source, script_rows
 from ...references.installer import METADATA_CAP, METADATA_FILES, SCRIPT_CAP
-from ..layers import Entry, KeepPredicate, LayerView, scan_layer
+from ..layers import Entry, LayerView, RetainPredicate, scan_layer
 from ..layers import merge as merge_scans
-from ..layers.scan import Keep
+from ..layers.scan import Retain
 from ..layers.tarstream import Kind
 from ..runtime import runs_first
 from .site_files import SiteFiles
@@ -47,8 +47,8 @@ _MODULE_FILE = re.compile(r"^(?P<name>[^./]+)(?:\..*)?\.(?:py|pyc|so|pyd)$")
 _STARTUP_PACKAGES = ("sitecustomize", "usercustomize", "apport_python_hook", "_distutils_hack")
 _SITECUSTOMIZE = re.compile(r"^(?:etc/python3\.\d+|usr/lib/python3\.\d+)/sitecustomize\.py$")
 
-__all__ = ["Entry", "LayerView", "find_site", "folder_view", "merge_scans", "pth_in", "site_files", "status_keep",
-           "status_keep_identity"]
+__all__ = ["Entry", "LayerView", "find_site", "folder_view", "merge_scans", "pth_in", "site_files", "status_retain",
+           "status_retain_identity"]
 
 
 
@@ -57,15 +57,15 @@ def _own(first: str, top: str) -> bool:
     return first == top or (first.endswith(".dist-info") and filename_name(first.split("-")[0]) == top)
 
 
-def status_keep(distribution: str, keep_paths: Iterable[str] = ()) -> KeepPredicate:
-    """What `status` needs of a layer (root-relative paths, no leading slash). `keep_paths`:
+def status_retain(distribution: str, retain_paths: Iterable[str] = ()) -> RetainPredicate:
+    """What `status` needs of a layer (root-relative paths, no leading slash). `retain_paths`:
     site-relative paths (the files known patch sets change) whose bytes, and whose bytecode's,
-    are kept so that status/bytecode.py can recompile them."""
+    are retained so that status/bytecode.py can recompile them."""
     top = filename_name(distribution)
-    kept = frozenset(keep_paths)
+    retained = frozenset(retain_paths)
     scripts = frozenset(all_scripts(distribution))
 
-    def keep(path: str, kind: Kind) -> Keep:
+    def retain(path: str, kind: Kind) -> Retain:
         match = _SITE.match(path)
         if match is not None:
             first, sep, rest = match["rel"].partition("/")
@@ -83,7 +83,7 @@ def status_keep(distribution: str, keep_paths: Iterable[str] = ()) -> KeepPredic
                 return ("capped", SCRIPT_CAP)   # `uv pip install --target`'s console scripts
             if sep and _own(first, top):
                 rel = match["rel"]
-                return "facts+bytes" if rel in kept or bytecode_source(rel) in kept else "facts"
+                return "facts+bytes" if rel in retained or bytecode_source(rel) in retained else "facts"
             return "name"
         folder, _, base = path.rpartition("/")
         if kind == "dir":
@@ -99,11 +99,11 @@ def status_keep(distribution: str, keep_paths: Iterable[str] = ()) -> KeepPredic
             return ("capped", SCRIPT_CAP) if base in scripts else "head"
         return "name" if _LANDMARK.match(path) else None
 
-    return keep
+    return retain
 
 
-def status_keep_identity(distribution: str, keep_paths: Iterable[str] = ()) -> str:
-    """Who `status_keep(distribution, keep_paths)` is, for the scan cache (targets/caches/scans.py):
+def status_retain_identity(distribution: str, retain_paths: Iterable[str] = ()) -> str:
+    """Who `status_retain(distribution, retain_paths)` is, for the scan cache (targets/caches/scans.py):
     its parameters, the caps it keeps by, and the source of the reader and of this predicate, so
     that a scan made for another predicate or by another version of the reader is never reused."""
     from pathlib import Path
@@ -114,16 +114,16 @@ def status_keep_identity(distribution: str, keep_paths: Iterable[str] = ()) -> s
     targets = Path(__file__).parent.parent
     sources = {name: (targets / name).read_bytes()
                for name in ("views/from_layers.py", "views/facts.py", "layers/scan.py", "layers/tarstream.py")}
-    return scan_identity("status_keep", __version__, filename_name(distribution), *sorted(set(keep_paths)),
+    return scan_identity("status_retain", __version__, filename_name(distribution), *sorted(set(retain_paths)),
                          f"record_cap={RECORD_CAP}", f"pth_cap={PTH_CAP}", f"metadata_cap={METADATA_CAP}",
                          f"script_cap={SCRIPT_CAP}", *sorted(all_scripts(distribution)), sources=sources)
 
 
 def folder_view(fileobj: BinaryIO, *, folder: str, where: str, distribution: str,
-                keep: Iterable[str] = ()) -> LayerView:
+                retain: Iterable[str] = ()) -> LayerView:
     """The engine's tar of one folder (names start with the folder's own name) as a view."""
     parent = folder.strip("/").rpartition("/")[0]
-    scan = scan_layer(fileobj, where=where, keep=status_keep(distribution, keep), prefix=parent)
+    scan = scan_layer(fileobj, where=where, retain=status_retain(distribution, retain), prefix=parent)
     return merge_scans([scan], where=where)
 
 
@@ -294,7 +294,7 @@ def _extra_facts(view: LayerView, real: str, own: Callable[[str], bool]) -> dict
     pth: dict[str, bytes | None] = {}
     headers: dict[str, bytes] = {}
     sources: dict[str, tuple[int, int, bytes | None]] = {}
-    kept: dict[str, bytes] = {}
+    retained: dict[str, bytes] = {}
     for rel, entry in view.below(real):
         if entry.kind != "file":
             continue
@@ -310,5 +310,5 @@ def _extra_facts(view: LayerView, real: str, own: Callable[[str], bool]) -> dict
         if entry.source is not None:
             sources[rel] = entry.source
         if entry.data is not None and rest not in ("RECORD", "METADATA"):
-            kept[rel] = entry.data
-    return {"pth": pth, "pyc_headers": headers, "sources": sources, "kept": kept}
+            retained[rel] = entry.data
+    return {"pth": pth, "pyc_headers": headers, "sources": sources, "retained": retained}

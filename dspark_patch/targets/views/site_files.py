@@ -31,7 +31,7 @@ class SiteFiles:
     # bytecode (status/bytecode.py recompiles those).
     pyc_headers: Mapping[str, bytes] = field(default_factory=dict)
     sources: Mapping[str, tuple[int, int, bytes | None]] = field(default_factory=dict)
-    kept: Mapping[str, bytes] = field(default_factory=dict)
+    retained: Mapping[str, bytes] = field(default_factory=dict)
     # The installer's own files (references/installer.py judges them): the bytes of the
     # dist-info's files named like installer metadata (None: over its cap), and per console-script
     # RECORD row the file it names (bytes; None: no file there; a string: why it was not read).
