@@ -16,6 +16,7 @@ from dspark_patch.errors import VerifyMismatch
 from dspark_patch.inside import integrity, locate
 from dspark_patch.inside.answers import (
     MalformedAnswer,
+    decode_compile,
     decode_integrity,
     decode_locate,
     encode_integrity,
@@ -159,3 +160,32 @@ def test_a_fresh_malformed_integrity_answer_fails_the_check_as_it_always_did(tmp
     with pytest.raises(VerifyMismatch) as refused:
         integrity_check._gathered(target, DIST, {"folders": ["pkg"]})  # type: ignore[arg-type]
     assert refused.value.message == message and refused.value.exit_code == 1
+
+
+def test_a_real_compile_answer_decodes_one_row_per_file(tmp_path: Path) -> None:
+    from dspark_patch.inside import compile as inside_compile
+
+    good, bad = tmp_path / "good.py", tmp_path / "bad.py"
+    good.write_text("X = 1\n")
+    bad.write_text("def (:\n")
+    rows = decode_compile(_json(inside_compile.compile_files([str(good), str(bad)])), 2)
+    assert [(r.path, r.ok) for r in rows] == [(str(good), True), (str(bad), False)]
+    assert rows[0].detail == "" and rows[1].detail
+
+
+@pytest.mark.parametrize(("answer", "why"), [
+    ({"files": [{"path": "a.py", "ok": True, "detail": ""}]}, "files holds 1 rows for 2 files"),
+    ({"files": [{"path": "a.py", "ok": 1, "detail": ""}] * 2}, "ok holds an integer, not true or false"),
+    ({"files": [{"path": "a.py", "ok": True}] * 2}, "detail is missing"),
+    ({"files": ["a.py", "b.py"]}, "files holds a string, not an object"),
+    ({"rows": []}, "files is missing"),
+])
+def test_a_malformed_compile_answer_fails_the_compile_with_one_line(answer: Any, why: str) -> None:
+    # Before, a row without "ok" or "detail" was a KeyError traceback after the write.
+    from dspark_patch.errors import CompileFailed
+    from dspark_patch.pipeline.shared_steps import compiled_rows
+
+    with pytest.raises(CompileFailed) as failed:
+        compiled_rows(_Answers(json.dumps(answer).encode()), DIST, ["a.py", "b.py"], hint="restored")  # type: ignore[arg-type]
+    assert failed.value.message == f"byte-compiling with /usr/bin/python3 failed: compile.py's answer: {why}"
+    assert failed.value.hint == "restored"

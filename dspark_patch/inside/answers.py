@@ -1,7 +1,7 @@
 """What the inside scripts answer, typed where the host reads them; not itself run inside.
 
-`locate.py` and `integrity.py` print one JSON object; the host turns it into a frozen answer here
-and nowhere else (`decode_locate`, `decode_integrity`). A kept answer (targets/caches/answers.py) is read by
+`locate.py`, `integrity.py` and `compile.py` print one JSON object; the host turns it into a frozen
+answer here and nowhere else (`decode_locate`, `decode_integrity`, `decode_compile`). A kept answer (targets/caches/answers.py) is read by
 the same decoder: the cache folder, like the image, is input the host does not trust. Whatever is
 not the shape the script writes (a key missing, a value of another type, an extra nesting) is one
 error, `MalformedAnswer`, naming the script and the first field at fault; the caller says what
@@ -138,6 +138,31 @@ def encode_integrity(answer: IntegrityAnswer) -> dict[str, Any]:
     if answer.proofs is not None:
         doc["proofs"] = answer.proofs
     return doc
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompiledRow:
+    """compile.py's row for one file, in the order the files were given."""
+
+    path: str
+    ok: bool
+    detail: str            # why it did not compile ("" when it did)
+
+
+def decode_compile(doc: Any, count: int) -> tuple[CompiledRow, ...]:
+    """compile.py's JSON object as one row per file it was given (`count` of them);
+    MalformedAnswer if it is not that."""
+    d = _Doc("compile.py", doc)
+    rows = d.get("files", list)
+    if len(rows) != count:
+        raise d.bad("files", f"holds {len(rows)} rows for {count} files")
+    out = []
+    for row in rows:
+        if not isinstance(row, dict):
+            raise d.bad("files", f"holds {_kind(row)}, not an object")
+        r = _Doc("compile.py", row)
+        out.append(CompiledRow(path=r.get("path", str), ok=r.get("ok", bool), detail=r.get("detail", str)))
+    return tuple(out)
 
 
 _MISSING: Any = object()

@@ -321,7 +321,7 @@ def _compile(target: Target, dist: Distribution, paths: list[str]) -> None:
     if not paths:
         return
     rows = compiled_rows(target, dist, paths)
-    bad = [(p, row["detail"]) for p, row in zip(paths, rows, strict=True) if not row["ok"]]
+    bad = [(p, row.detail) for p, row in zip(paths, rows, strict=True) if not row.ok]
     if bad:
         raise CompileFailed(
             "; ".join(f"{p} does not compile with {dist.python} ({dist.python_version}): {d}" for p, d in bad),

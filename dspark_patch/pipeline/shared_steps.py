@@ -21,6 +21,7 @@ from ..errors import (
     UnsafePatch,
 )
 from ..inside import source as inside_source
+from ..inside.answers import CompiledRow, MalformedAnswer, decode_compile
 from ..inside.integrity import own_folders
 from ..patching.diff import Diff, parse_diff
 from ..patching.plan import FilePlan, PatchPlan, plan_patch
@@ -186,17 +187,22 @@ def check_written(target: Target, plan: PatchPlan) -> None:
             )
 
 
-def compiled_rows(target: Target, dist: Distribution, paths: list[str], *, hint: str | None = None) -> list[dict]:
+def compiled_rows(target: Target, dist: Distribution, paths: list[str], *,
+                  hint: str | None = None) -> tuple[CompiledRow, ...]:
     """Byte-compile `paths` (relative to the distribution's location) with the target's own
     python: its row for each path, in order. CompileFailed (with `hint`) when it gives no rows,
-    naming what it said on stderr, or its exit code when it said nothing."""
+    naming what it said on stderr, or its exit code when it said nothing; or when its answer is
+    not one row per path."""
     result = target.run_python(inside_source("compile"), [f"{dist.location}/{p}" for p in paths], timeout=300)
     try:
-        rows: list[dict] = json.loads(result.stdout.decode("utf-8"))["files"]
-    except (ValueError, KeyError):
+        doc = json.loads(result.stdout.decode("utf-8"))
+    except ValueError:
         said = result.stderr.decode("utf-8", "replace").strip()[-300:] or f"exit {result.returncode}, nothing on stderr"
         raise CompileFailed(f"byte-compiling with {dist.python} failed: {said}", hint=hint) from None
-    return rows
+    try:
+        return decode_compile(doc, len(paths))
+    except MalformedAnswer as exc:
+        raise CompileFailed(f"byte-compiling with {dist.python} failed: {exc}", hint=hint) from None
 
 
 def compile_files(target: Target, dist: Distribution, plan: PatchPlan, run: RunLog) -> None:
@@ -206,7 +212,7 @@ def compile_files(target: Target, dist: Distribution, plan: PatchPlan, run: RunL
         return
     rows = compiled_rows(target, dist, paths, hint="the pre-images were restored")
     files = tuple(
-        CompiledFile(path=rel, ok=bool(row["ok"]), detail=row["detail"]) for rel, row in zip(paths, rows, strict=True)
+        CompiledFile(path=rel, ok=row.ok, detail=row.detail) for rel, row in zip(paths, rows, strict=True)
     )
     run.update(compile=CompileReport(ok=all(f.ok for f in files), ran=True, files=files))
     bad = [f for f in files if not f.ok]
