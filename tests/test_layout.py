@@ -210,3 +210,19 @@ def test_code_tests_and_docs_name_rules_not_tracker_numbers() -> None:
     assert found == []
     assert TRACKER_CITATION.search("as " + "issue" + " 16 says") and not TRACKER_CITATION.search("tiss" + "ue 4")
     assert TRACKER_CITATION.search("(" + "class" + " 3)") and not TRACKER_CITATION.search("subclass" + " 3")
+
+
+# targets/ has two folders of read-only parts (docs/design.md, layout): the views status reads and
+# the caches. Neither may reach the code that writes (a target, the engine's containers), and a
+# cache never depends on a view: what a view or a cache does can then never change an image or a tree.
+_WRITERS = ("dspark_patch.targets.docker", "dspark_patch.targets.local_tree", "dspark_patch.targets.fs",
+            "dspark_patch.targets.journal", "dspark_patch.targets.recovery")
+
+
+def test_views_and_caches_never_import_what_writes() -> None:
+    views = {m for m in MODULES if m.startswith("dspark_patch.targets.views")}
+    caches = {m for m in MODULES if m.startswith("dspark_patch.targets.caches")}
+    assert len(views) > 1 and len(caches) > 1  # the folders exist and hold modules
+    wrong = [(m, d) for m in views | caches for d in GRAPH[m]
+             if d.startswith(_WRITERS) or (m in caches and d in views)]
+    assert wrong == []
