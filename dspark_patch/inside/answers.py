@@ -1,7 +1,8 @@
 """What the inside scripts answer, typed where the host reads them; not itself run inside.
 
-`locate.py`, `integrity.py` and `compile.py` print one JSON object; the host turns it into a frozen
-answer here and nowhere else (`decode_locate`, `decode_integrity`, `decode_compile`). A kept answer (targets/caches/answers.py) is read by
+`locate.py`, `integrity.py`, `compile.py` and `started.py` print one JSON object; the host turns it
+into a frozen answer here and nowhere else (`decode_locate`, `decode_integrity`, `decode_compile`,
+`decode_started`). A kept answer (targets/caches/answers.py) is read by
 the same decoder: the cache folder, like the image, is input the host does not trust. Whatever is
 not the shape the script writes (a key missing, a value of another type, an extra nesting) is one
 error, `MalformedAnswer`, naming the script and the first field at fault; the caller says what
@@ -163,6 +164,46 @@ def decode_compile(doc: Any, count: int) -> tuple[CompiledRow, ...]:
         r = _Doc("compile.py", row)
         out.append(CompiledRow(path=r.get("path", str), ok=r.get("ok", bool), detail=r.get("detail", str)))
     return tuple(out)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StartedSpec:
+    """Where `import top` resolves in the image's python as the image starts it."""
+
+    origin: str | None            # None: a namespace package
+    locations: tuple[str, ...]    # its submodule search locations
+
+
+@dataclass(frozen=True, kw_only=True)
+class StartedAnswer:
+    """started.py's answer: the image's python as the image starts it (targets/runtime.py judges it)."""
+
+    path: tuple[str, ...]                            # sys.path
+    modules: tuple[tuple[str, str | None], ...]      # each module imported at start, and its file
+    finders: tuple[str, ...]                         # sys.meta_path, qualified names
+    stdlib: tuple[str, ...]
+    stdlib_names: tuple[str, ...]
+    sites: tuple[str, ...]
+    spec: StartedSpec | None                         # None: `import top` finds nothing
+    error: str | None                                # what `find_spec(top)` raised
+
+
+def decode_started(doc: Any) -> StartedAnswer:
+    """started.py's JSON object as a StartedAnswer; MalformedAnswer if it is not one."""
+    d = _Doc("started.py", doc)
+    modules = []
+    for row in d.get("modules", list):
+        if not (isinstance(row, list) and len(row) == 2):
+            raise d.bad("modules", f"holds {_kind(row)}, not a [name, file] pair")
+        modules.append((d.value("modules", row[0], str), d.value("modules", row[1], str, none=True)))
+    spec = d.get("spec", dict, none=True, missing=None)
+    started_spec = None
+    if spec is not None:
+        s = _Doc("started.py", spec)
+        started_spec = StartedSpec(origin=s.get("origin", str, none=True, missing=None), locations=s.strings("locations"))
+    return StartedAnswer(path=d.strings("path"), modules=tuple(modules), finders=d.strings("finders"),
+                         stdlib=d.strings("stdlib"), stdlib_names=d.strings("stdlib_names"), sites=d.strings("sites"),
+                         spec=started_spec, error=d.get("error", str, none=True, missing=None))
 
 
 _MISSING: Any = object()

@@ -31,6 +31,7 @@ import posixpath
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from ..inside.answers import MalformedAnswer, decode_started
 from ..references import DISTUTILS_HACK, KNOWN_DISTUTILS_HACK, KNOWN_PTH
 from . import interpreter as interp
 from .image_start import ReadSmall, start_of
@@ -203,25 +204,27 @@ def judge_started(answer: Any, *, site: str, top: str) -> list[str]:
     resolves if not at `site/top`, each module with a file that ran at start and is neither the
     standard library's nor setuptools' `_distutils_hack` from a site folder, each import finder
     added at start. Code that ran first may have lied: this only ever adds findings."""
-    if not _well_formed(answer):
+    try:
+        started = decode_started(answer)
+    except MalformedAnswer:
         return [f"the image's python as the image starts it gave no readable answer; what it runs before "
                 f"{site}/{top} is not verified"]
     lines: list[str] = []
     wanted = posixpath.normpath(f"{site}/{top}/__init__.py")
-    spec = answer["spec"]
-    if answer["error"] is not None or spec is None:
-        why = answer["error"] or "nothing"
-        lines.append(f"`import {top}` in the image as it starts finds {why} (sys.path {answer['path'][:6]}), "
+    spec = started.spec
+    if started.error is not None or spec is None:
+        why = started.error or "nothing"
+        lines.append(f"`import {top}` in the image as it starts finds {why} (sys.path {list(started.path[:6])}), "
                      f"not {site}/{top}")
-    elif not isinstance(spec["origin"], str):
-        lines.append(f"`import {top}` in the image as it starts takes a namespace package ({spec['locations'][:3]}), "
+    elif spec.origin is None:
+        lines.append(f"`import {top}` in the image as it starts takes a namespace package ({list(spec.locations[:3])}), "
                      f"not {site}/{top}")
-    elif posixpath.normpath(spec["origin"]) != wanted:
-        lines.append(f"{spec['origin']}: what `import {top}` takes in the image as it starts, not {site}/{top}")
-    stdlib = [posixpath.normpath(p) for p in answer["stdlib"]]
-    sites = [posixpath.normpath(p) for p in [*answer["sites"], site]]
-    names = set(answer["stdlib_names"])
-    for name, file in answer["modules"]:
+    elif posixpath.normpath(spec.origin) != wanted:
+        lines.append(f"{spec.origin}: what `import {top}` takes in the image as it starts, not {site}/{top}")
+    stdlib = [posixpath.normpath(p) for p in started.stdlib]
+    sites = [posixpath.normpath(p) for p in [*started.sites, site]]
+    names = set(started.stdlib_names)
+    for name, file in started.modules:
         if file is None or name == "__main__":
             continue  # built in, frozen, or a namespace a .pth made: no file of code ran
         path = posixpath.normpath(file)
@@ -233,7 +236,7 @@ def judge_started(answer: Any, *, site: str, top: str) -> list[str]:
         if root == "_distutils_hack" and _under(path, sites):
             continue  # setuptools' own, imported by its .pth (its source is checked by `runs_first`)
         lines.append(f"{path}: module {name} runs at every start of the image's python, before {site}/{top}")
-    for finder in answer["finders"]:
+    for finder in started.finders:
         if finder not in _KNOWN_FINDERS:
             lines.append(f"{finder}: an import finder installed at start of the image's python, asked before "
                          f"{site}/{top}")
@@ -244,21 +247,3 @@ def _under(path: str, folders: list[str]) -> bool:
     return any(path == f or path.startswith(f.rstrip("/") + "/") for f in folders)
 
 
-def _well_formed(answer: Any) -> bool:
-    def strings(value: Any) -> bool:
-        return isinstance(value, list) and all(isinstance(v, str) for v in value)
-
-    if not isinstance(answer, dict) or not all(strings(answer.get(k)) for k in ("path", "finders", "stdlib",
-                                                                                 "stdlib_names", "sites")):
-        return False
-    modules = answer.get("modules")
-    if not isinstance(modules, list) or not all(isinstance(m, list) and len(m) == 2 and isinstance(m[0], str)
-                                                and (m[1] is None or isinstance(m[1], str)) for m in modules):
-        return False
-    spec = answer.get("spec")
-    if spec is not None and not (isinstance(spec, dict) and (spec.get("origin") is None
-                                                             or isinstance(spec.get("origin"), str))
-                                 and strings(spec.get("locations"))):
-        return False
-    error = answer.get("error")
-    return error is None or isinstance(error, str)
