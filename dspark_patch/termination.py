@@ -19,6 +19,13 @@ def record(signum: int) -> None:
         _received = signum
 
 
+def stop(signum: int, frame: object) -> None:
+    """A SIGTERM handler: remember the signal, then end the run as SystemExit(128 + signal), so
+    `finally` blocks (a local tree's rollback, our containers' removal) run on the way out."""
+    record(signum)
+    raise SystemExit(128 + signum)
+
+
 def check() -> None:
     """Raise SystemExit(128 + signal) if the run was told to stop."""
     if _received is not None:

@@ -55,12 +55,6 @@ for module in (apply_cmd, verify_cmd, status_cmd, patches_cmd, port_cmd, report_
     module.register(app)
 
 
-def _terminated(signum: int, frame: object) -> None:
-    """SIGTERM as SystemExit(143), remembered as Ctrl-C is (termination.py)."""
-    termination.record(signum)
-    raise SystemExit(128 + signum)
-
-
 def _interrupted(signum: int, frame: object) -> None:
     """Ctrl-C as Python's own handler has it (KeyboardInterrupt), and remembered: raised inside
     a finaliser, the exception is dropped, and the run's next step stops it (termination.py)."""
@@ -77,7 +71,7 @@ def main() -> None:
     # tagged, and the exit code is 143 (128 + 15). Where the tool holds containers, their own
     # handlers (targets/docker/signals.py) take over while they do and give this one back.
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, _terminated)
+        signal.signal(signal.SIGTERM, termination.stop)
     # Standalone mode: click prints usage errors itself (exit 2) and exits with typer.Exit codes.
     try:
         app()

@@ -128,6 +128,7 @@ def close(ctx: ApplyContext, outcome: Outcome) -> None:
     elif outcome == "already-applied" and image is not None and image.spec.tag and not ctx.request.dry_run:
         name_source(image.spec, image.target, run, ctx.on_result)
 
+
 def _restore(ctx: ApplyContext) -> None:
     with ctx.run.step("restore", unwinding=True):
         if ctx.local is not None:

@@ -26,7 +26,7 @@ class terminate_raises:
 
     def __enter__(self) -> terminate_raises:
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGTERM, _raise_exit)
+            self._previous = signal.signal(signal.SIGTERM, termination.stop)
             self._installed = True
         return self
 
@@ -56,7 +56,7 @@ class terminate_raises:
         try:
             yield
         finally:
-            signal.signal(signal.SIGTERM, _raise_exit)
+            signal.signal(signal.SIGTERM, termination.stop)
             if held:
                 raise SystemExit(128 + held[0])  # the signal outranks what the block raised
 
@@ -77,7 +77,7 @@ def terminate_sweeps(sweep: Callable[[], object]) -> Iterator[None]:
 
     def on_term(signum: int, frame: object) -> None:
         termination.record(signum)
-        signal.signal(signal.SIGTERM, _raise_exit)
+        signal.signal(signal.SIGTERM, termination.stop)
         try:
             sweep()
         except Exception:  # noqa: BLE001 - the run ends either way; the next run's gc is left
@@ -90,7 +90,3 @@ def terminate_sweeps(sweep: Callable[[], object]) -> Iterator[None]:
     finally:
         signal.signal(signal.SIGTERM, previous)
 
-
-def _raise_exit(signum: int, frame: object) -> None:
-    termination.record(signum)  # kept: a finaliser this lands in drops the exception
-    raise SystemExit(128 + signum)
