@@ -158,6 +158,13 @@ class InvalidPatchSet(BadInput):
     kind = "invalid-patch-set"
 
 
+class InvalidSeries(BadInput):
+    """A series of patch sets that cannot be applied as listed: a set twice, one whose required
+    set is missing or after it, a cycle, two sets changing one file without `requires`."""
+
+    kind = "invalid-series"
+
+
 class UnsupportedRelease(BadInput):
     kind = "unsupported-release"
 

@@ -24,7 +24,7 @@ DEFAULT_PATCH_SET = "dspark-skip-mtp-buffer"
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _ID = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
-_TOP_KEYS = {"id", "title", "summary", "distribution", "strip", "probe", "probe_beside", "variants"}
+_TOP_KEYS = {"id", "title", "summary", "distribution", "strip", "probe", "probe_beside", "requires", "variants"}
 _BESIDE = re.compile(r"^--[a-z][a-z0-9-]*$")
 _REQUIRED_TOP = {"id", "title", "summary", "distribution", "variants"}
 _VARIANT_KEYS = {"name", "releases", "diff", "files", "review", "ported_from"}
@@ -77,6 +77,9 @@ class PatchSet:
     probe_beside: str | None = None
     source: Path               # the folder (or bare diff file) it was loaded from
     variants: tuple[Variant, ...]
+    # The patch sets that must come before this one in a series (series.py): for a file one of
+    # them also changes, this set's pre_sha256 is the hash after them.
+    requires: tuple[str, ...] = ()
 
     @property
     def is_bare(self) -> bool:
@@ -115,6 +118,36 @@ def patches_dir() -> Path:
     return Path(str(resources.files("dspark_patch.patches")))
 
 
+def team_dirs() -> tuple[Path, ...]:
+    """The folders of a team's own patch sets: $DSPARK_PATCH_PATH, a `:`-separated list (as
+    PATH), each a folder holding patch-set folders. An empty entry is skipped; an entry that is
+    not a folder is refused (a typo must not quietly leave a patch set out of every verdict)."""
+    dirs: list[Path] = []
+    for entry in os.environ.get("DSPARK_PATCH_PATH", "").split(os.pathsep):
+        if not entry:
+            continue
+        folder = Path(entry)
+        if not folder.is_dir():
+            raise BadInput(f"DSPARK_PATCH_PATH names {entry!r}, which is not a folder",
+                           hint="list folders that hold patch-set folders, separated by ':'")
+        if folder not in dirs:
+            dirs.append(folder)
+    return tuple(dirs)
+
+
+def search_dirs() -> tuple[Path, ...]:
+    """Every folder patch sets are found in, in order: the shipped ones, then DSPARK_PATCH_PATH's
+    (a folder named twice, or the shipped one named again, is searched once)."""
+    dirs: list[Path] = []
+    seen: set[Path] = set()
+    for folder in (patches_dir(), *team_dirs()):
+        real = folder.resolve()
+        if real not in seen:
+            seen.add(real)
+            dirs.append(folder)
+    return tuple(dirs)
+
+
 def known(patchsets: Iterable[PatchSet]) -> list[PatchSet]:
     """The patch sets that name their releases and reviewed hashes, what a tree's state is told
     against; a bare diff file names neither."""
@@ -127,10 +160,38 @@ def patched_paths(patchsets: Iterable[PatchSet]) -> frozenset[str]:
 
 
 def available() -> list[PatchSet]:
-    root = patches_dir()
-    if not root.is_dir():
-        return []
-    return [load_dir(d) for d in sorted(root.iterdir()) if (d / "patch.toml").is_file()]
+    """Every patch set found: the shipped ones, then those of DSPARK_PATCH_PATH's folders. An id
+    found in two folders is refused: which of two different patch sets a verdict was told
+    against must never depend on the order of a search path."""
+    found: dict[str, PatchSet] = {}
+    for folder in _folders_with_patch_sets():
+        patchset = load_dir(folder)
+        assert patchset.id is not None
+        if patchset.id in found:
+            raise _twice(patchset.id, found[patchset.id].source, folder)
+        found[patchset.id] = patchset
+    return list(found.values())
+
+
+def _folders_with_patch_sets() -> list[Path]:
+    folders: list[Path] = []
+    for root in search_dirs():
+        if root.is_dir():
+            folders.extend(d for d in sorted(root.iterdir()) if (d / "patch.toml").is_file())
+    return folders
+
+
+def _twice(pid: str, first: Path, second: Path) -> InvalidPatchSet:
+    return InvalidPatchSet(f"patch set {pid} is in both {first} and {second}",
+                           hint="rename one (its folder and its id), or take its folder out of DSPARK_PATCH_PATH")
+
+
+def _by_id(pid: str) -> Path | None:
+    """The one folder of patch set `pid` among the search folders, or None."""
+    hits = [root / pid for root in search_dirs() if (root / pid / "patch.toml").is_file()]
+    if len(hits) > 1:
+        raise _twice(pid, hits[0], hits[1])
+    return hits[0] if hits else None
 
 
 def resolve(spec: str | None, *, strip: int | None = None) -> PatchSet:
@@ -142,8 +203,9 @@ def resolve(spec: str | None, *, strip: int | None = None) -> PatchSet:
         return load_dir(path)
     if path.is_file():
         return load_bare(path, strip=1 if strip is None else strip)
-    if _ID.match(spec) and (patches_dir() / spec / "patch.toml").is_file():
-        return load_dir(patches_dir() / spec)
+    folder = _by_id(spec) if _ID.match(spec) else None
+    if folder is not None:
+        return load_dir(folder)
     known = ", ".join(p.id or "" for p in available()) or "none"
     raise UnknownPatchSet(
         f"no patch set, folder or diff file named {spec!r}; known patch sets: {known}",
@@ -188,6 +250,7 @@ def load_dir(folder: Path) -> PatchSet:
         raise InvalidPatchSet(f"{where}: probe_beside must be a probe's flag such as \"--census\", "
                               f"and needs a probe, got {beside!r}",
                               hint="name the flag the probe runs its import-free part with, or leave it out")
+    requires = _requires(doc.get("requires", []), pid, where=where)
     raw_variants = doc["variants"]
     if not isinstance(raw_variants, list) or not raw_variants:
         raise InvalidPatchSet(f"{where}: needs at least one [[variants]] table")
@@ -202,8 +265,20 @@ def load_dir(folder: Path) -> PatchSet:
     return PatchSet(
         id=pid, title=_str(doc, "title", where), summary=_str(doc, "summary", where),
         distribution=_str(doc, "distribution", where), strip=strip, probe=probe, probe_modules=probe_modules,
-        probe_beside=beside, source=folder, variants=variants,
+        probe_beside=beside, source=folder, variants=variants, requires=requires,
     )
+
+
+def _requires(raw: object, pid: str, *, where: str) -> tuple[str, ...]:
+    """`requires = ["id", ...]`: the patch sets that must come before this one in a series."""
+    if not isinstance(raw, list) or not all(isinstance(r, str) and _ID.match(r) for r in raw):
+        raise InvalidPatchSet(f"{where}: requires must be a list of patch-set ids, got {raw!r}",
+                              hint='e.g. requires = ["dspark-skip-mtp-buffer"]; leave it out if it needs none')
+    if pid in raw:
+        raise InvalidPatchSet(f"{where}: patch set {pid} requires itself", hint="remove its own id from requires")
+    if len(set(raw)) != len(raw):
+        raise InvalidPatchSet(f"{where}: requires lists a patch set twice", hint="list each id once")
+    return tuple(raw)
 
 
 def _probe(folder: Path, raw: object, *, where: str) -> tuple[Path | None, tuple[Path, ...]]:

@@ -18,7 +18,7 @@ def register(app: typer.Typer) -> None:
 
 
 def list_patch_sets(as_json: common.JsonOpt = False) -> None:
-    """List the shipped patch sets and the releases each covers."""
+    """List the known patch sets (shipped, then DSPARK_PATCH_PATH's) and the releases each covers."""
     sets = patchsets.available()
     if as_json:
         output.print_json(json.dumps([_summary(p) for p in sets], indent=2))

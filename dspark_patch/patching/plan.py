@@ -193,3 +193,40 @@ def _partly(applied: list[str], pending: list[str]) -> PartlyApplied:
         f"the patch is partly applied: already applied: {'; '.join(applied)}; not applied: {'; '.join(pending)}",
         hint="restore the original files (or reinstall the release) and apply again",
     )
+
+
+def plan_one_way(diff: Diff, read: Callable[[str], bytes | None], *, reverse: bool = False) -> PatchPlan:
+    """The whole diff placed in one direction only: forward (every file's hunks applied), or in
+    reverse (every file's hunks taken out again, `post` being the file before the diff). Raises
+    HunkDoesNotApply for the first file that does not fit that way. A series (series_plan.py)
+    walks its members with this: forward on the result of the sets before, or back from the end."""
+    files = tuple(_one_way(file, read(file.path), reverse) for file in diff.files)
+    return PatchPlan(status="apply", diff_sha256=diff.sha256, files=files)
+
+
+def _one_way(file: FilePatch, current: bytes | None, reverse: bool) -> FilePlan:
+    hunk = file.hunks[0]
+    creates = file.action == ("delete" if reverse else "add")
+    removes = file.action == ("add" if reverse else "delete")
+    if creates:
+        content = b"".join(hunk.source_lines if reverse else hunk.target_lines)
+        if current:
+            raise _whole_file_mismatch(file, hunk, current, hunk.source_lines if reverse else hunk.target_lines,
+                                       "creates this file but it already exists")
+        placement = Placement(hunk_index=hunk.index, source_start=hunk.source_start, applied_at=0, offset=0)
+        return _file_plan(file, current, content, (placement,))
+    if removes:
+        expected = hunk.target_lines if reverse else hunk.source_lines
+        if current is None or current != b"".join(expected):
+            if current is None:
+                raise HunkDoesNotApply(f"{file.path}: the patch removes this file but it does not exist in the tree",
+                                       hint="check the order of the series and the release of the tree")
+            raise _whole_file_mismatch(file, hunk, current, expected, "removes this file but its content differs")
+        placement = Placement(hunk_index=hunk.index, source_start=hunk.source_start, applied_at=hunk.source_start, offset=0)
+        return _file_plan(file, current, None, (placement,))
+    if current is None:
+        raise HunkDoesNotApply(f"{file.path}: the patch changes this file but it does not exist in the tree",
+                               hint="check the order of the series and the release of the tree")
+    lines = split_lines(current)
+    placements = place_hunks(lines, file.hunks, reverse=reverse, path=file.path)
+    return _file_plan(file, current, apply_hunks(lines, file.hunks, placements, reverse=reverse), placements)

@@ -87,6 +87,13 @@ def select_variant(patchset: PatchSet, policy: CheckPolicy, dist: Distribution, 
     ))
     if not reviewed:
         run.notes.append("bare diff file: release and hash checks skipped")
+    return variant, load_diff(patchset, variant, dist, strip, reviewed=reviewed)
+
+
+def load_diff(patchset: PatchSet, variant: Variant, dist: Distribution, strip: int | None, *,
+              reviewed: bool) -> Diff:
+    """The variant's diff, parsed and held to what a patch set may change: its bounds, the
+    distribution's own files, and (reviewed) exactly the files patch.toml lists hashes for."""
     try:
         diff = parse_diff(variant.diff, strip=patchset.strip if strip is None else strip)
     except BadInput as exc:  # the engine parses bytes; name the file they came from
@@ -101,7 +108,7 @@ def select_variant(patchset: PatchSet, policy: CheckPolicy, dist: Distribution, 
                 f"but patch.toml lists hashes for {sorted(variant.files)}",
                 hint="list every file of the diff under [variants.files]",
             )
-    return variant, diff
+    return diff
 
 
 # What one patch set's diff may hold: a real patch set changes a few files with a few dozen

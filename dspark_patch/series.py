@@ -1,0 +1,149 @@
+"""A series: the patch sets one run applies, in order, as quilt's `series` file lists patches.
+
+A series is named by `--patch` given several times, or by `--series FILE`: one patch set per
+line (an id, a folder or a diff file), `#` starting a comment, blank lines skipped; a relative
+folder or diff is found beside the series file, as quilt finds patches beside its series.
+The order is checked once, before any target is opened: every set a member `requires` is in
+the series and comes before it; nothing is listed twice; no two sets require each other.
+Whether two sets change the same file is known only once a release's variants are chosen
+(patching/series_plan.py checks it there).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import ownfiles
+from .errors import InvalidSeries
+from .patchset import PatchSet, resolve
+
+SERIES_LIMIT = 1 << 16   # a series file lists a few patch sets, not megabytes of lines
+MAX_SETS = 64
+
+
+@dataclass(frozen=True)
+class Series:
+    sets: tuple[PatchSet, ...]
+
+    def __iter__(self) -> Iterator[PatchSet]:
+        return iter(self.sets)
+
+    def __len__(self) -> int:
+        return len(self.sets)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(name_of(p) for p in self.sets)
+
+    def before(self, patchset: PatchSet) -> tuple[PatchSet, ...]:
+        """The members that come before `patchset` and that it requires, directly or through
+        another member: the sets whose result its reviewed pre-images describe."""
+        by_id = {p.id: p for p in self.sets if p.id is not None}
+        wanted: set[str] = set()
+        todo = list(patchset.requires)
+        while todo:
+            pid = todo.pop()
+            if pid not in wanted:
+                wanted.add(pid)
+                todo.extend(by_id[pid].requires)
+        return tuple(p for p in self.sets if p.id in wanted)
+
+
+def name_of(patchset: PatchSet) -> str:
+    """How a report and an error name a member: its id, or a bare diff's file name."""
+    return patchset.id if patchset.id is not None else patchset.source.name
+
+
+def load(specs: Sequence[str], *, series_file: str | None = None, strip: int | None = None) -> Series:
+    """The series a command line names: `--patch` values in order, or the lines of `--series`
+    (not both); nothing named is the shipped default patch set, a series of one."""
+    if specs and series_file is not None:
+        raise InvalidSeries("--patch and --series both name patch sets",
+                            hint="list every patch set in the series file, or give --patch once per set")
+    named: list[str | None]
+    if series_file is not None:
+        named = list(read_series_file(Path(series_file)))
+    else:
+        named = list(specs) or [None]
+    if len(named) > MAX_SETS:
+        raise InvalidSeries(f"the series names {len(named)} patch sets; at most {MAX_SETS} are supported",
+                            hint="check that this is the series you meant")
+    series = Series(tuple(resolve(spec, strip=strip) for spec in named))
+    check_order(series)
+    return series
+
+
+def read_series_file(path: Path) -> list[str]:
+    """A series file's patch sets, in order: ids as they are, folders and diffs beside the file."""
+    raw = ownfiles.read_regular(path, limit=SERIES_LIMIT, what="series file")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidSeries(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})",
+                            hint="save the series file as UTF-8") from None
+    specs: list[str] = []
+    for number, line in enumerate(text.splitlines(), 1):
+        entry = line.split("#", 1)[0].strip()
+        if not entry:
+            continue
+        if len(entry.split()) > 1:
+            raise InvalidSeries(f"{path} line {number}: {entry[:80]!r} names more than one patch set",
+                                hint="one patch set (an id, a folder or a diff file) per line")
+        beside = path.parent / entry
+        specs.append(str(beside) if not os.path.isabs(entry) and os.path.lexists(beside) else entry)
+    if not specs:
+        raise InvalidSeries(f"{path} names no patch set", hint="list one patch set per line; '#' starts a comment")
+    return specs
+
+
+def check_order(series: Series) -> None:
+    """Each member once; every set a member requires is in the series, before it; no cycle."""
+    seen: dict[str, int] = {}
+    for position, patchset in enumerate(series.sets):
+        key = name_of(patchset) if patchset.id is not None else str(patchset.source.resolve())
+        if key in seen:
+            raise InvalidSeries(f"the series lists {name_of(patchset)} twice (positions {seen[key] + 1} and {position + 1})",
+                                hint="list each patch set once")
+        seen[key] = position
+    ids = {p.id: p for p in series.sets if p.id is not None}
+    cycle = _cycle(ids)
+    if cycle:
+        raise InvalidSeries(f"patch sets {' -> '.join(cycle)} require each other in a cycle",
+                              hint="a patch set may require only sets that come before it; remove one of the requires")
+    for position, patchset in enumerate(series.sets):
+        for required in patchset.requires:
+            if required not in ids:
+                raise InvalidSeries(f"{name_of(patchset)} requires {required}, which is not in the series",
+                                    hint=f"add {required} before {name_of(patchset)} (dspark-patch list shows the known sets)")
+            if seen[required] > position:
+                raise InvalidSeries(f"{name_of(patchset)} requires {required}, which comes after it in the series",
+                                    hint=f"move {required} before {name_of(patchset)}")
+
+
+def _cycle(ids: dict[str, PatchSet]) -> list[str] | None:
+    """A cycle of `requires` among the members, as the ids along it (first repeated last), or None."""
+    state: dict[str, str] = {}
+
+    def walk(pid: str, path: list[str]) -> list[str] | None:
+        state[pid] = "open"
+        for required in ids[pid].requires:
+            if required not in ids:
+                continue
+            if state.get(required) == "open":
+                return [*path[path.index(required):], required]
+            if required not in state:
+                found = walk(required, [*path, required])
+                if found:
+                    return found
+        state[pid] = "done"
+        return None
+
+    for pid in ids:
+        if pid not in state:
+            found = walk(pid, [pid])
+            if found:
+                return found
+    return None
