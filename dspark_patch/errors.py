@@ -186,6 +186,13 @@ class TagExists(BadInput):
     kind = "tag-exists"
 
 
+class StackedLayer(BadInput):
+    """apply would write a second dspark-patch layer over one the image already carries: the two
+    would stack, and neither patch set (nor the series) would verify on the result."""
+
+    kind = "stacked-layer"
+
+
 class TagRace(TagExists):
     """The tag was free when the run started and another run took it (or is taking it) since."""
 

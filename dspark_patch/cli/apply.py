@@ -20,7 +20,8 @@ def apply(
     root: common.RootOpt = None,
     image: common.ImageOpt = None,
     pull: common.PullOpt = "missing",
-    patch: common.PatchOpt = None,
+    patch: common.PatchesOpt = None,
+    series: common.SeriesOpt = None,
     strip: common.StripOpt = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Plan and check everything; write nothing.")] = False,
     no_compile: Annotated[bool, typer.Option("--no-compile", help="Do not byte-compile the patched files.")] = False,
@@ -38,13 +39,16 @@ def apply(
     junit: common.JunitOpt = None,
     as_json: common.JsonOpt = False,
 ) -> None:
-    """Apply the patch with zero fuzz, byte-compile, probe, and (for an image) commit one new layer."""
+    """Apply the patch (or a series, in order) with zero fuzz, byte-compile, probe, and (for an image) commit one new layer."""
     if sign_key is not None and not push:
         raise BadInput("--sign-key attaches the attestation to the pushed image, so it needs --push (and --tag)")
+    if sign_key is not None and (series is not None or len(patch or ()) > 1):
+        raise BadInput("--sign-key signs the attestation of one patch set; a series cannot be signed yet",
+                       hint="apply the series without --sign-key")
     common.check_outputs(report_dir, junit)
     request = pipeline.ApplyRequest(
         target=common.target_spec(root, image, python, pull=pull, tag=tag, force=force, push=push, platform=platform),
-        patch=patch, strip=strip, dry_run=dry_run, compile=not no_compile, probe=not no_probe,
+        patches=tuple(patch or ()), series=None if series is None else str(series), strip=strip, dry_run=dry_run, compile=not no_compile, probe=not no_probe,
         allow_unknown_base=allow_unknown_base, allow_unreviewed=allow_unreviewed,
         sign_key=str(sign_key) if sign_key else None, allow_open_key=allow_open_key,
     )

@@ -20,6 +20,8 @@ ImageOpt = Annotated[str | None, typer.Option("--image", help="An image referenc
 PythonOpt = Annotated[str | None, typer.Option("--python", help="Interpreter that owns vLLM: for --root, one on this machine (default: this one); for --image, a path inside the image (default: found there).")]
 PullOpt = Annotated[str, typer.Option("--pull", help="missing (default, as docker run): pull an image the engine lacks; always; never. Credentials come from the docker config (docker login, DOCKER_CONFIG).")]
 PatchOpt = Annotated[str | None, typer.Option("--patch", help="Patch-set id, patch-set folder, or a bare diff file. Default: dspark-skip-mtp-buffer.")]
+PatchesOpt = Annotated[list[str] | None, typer.Option("--patch", help="Patch-set id, patch-set folder, or a bare diff file; give it once per patch set of a series, in order. Default: dspark-skip-mtp-buffer.")]
+SeriesOpt = Annotated[Path | None, typer.Option("--series", help="A series file: one patch set per line (id, folder or diff), in order; '#' starts a comment. Instead of --patch.")]
 StripOpt = Annotated[int | None, typer.Option("--strip", min=0, help="Leading path components to strip, like patch -pN (default: the patch set's, 1).")]
 NoProbeOpt = Annotated[bool, typer.Option("--no-probe", help="Skip the patch set's CPU probe.")]
 ReportDirOpt = Annotated[Path | None, typer.Option("--report-dir", help="Write audit.json, audit.md, junit.xml (and the attestation) here. Default: ./dspark-patch-reports/<command>-<time>.")]

@@ -137,7 +137,9 @@ def summary(report: AuditReport, report_dir: Path | None) -> None:
         rows += _index_rows(report)
     if t.distribution:
         rows.append(("release", f"{t.distribution.name} {t.distribution.version} at {t.distribution.location}"))
-    if report.patch:
+    if report.series:
+        rows.append(("series", ", ".join(f"{m.id} ({m.variant})" for m in report.series)))
+    elif report.patch:
         rows.append(("patch", f"{report.patch.id or 'bare diff'} {report.patch.variant or ''}".strip()))
     for f in report.files:
         if f.hunks:

@@ -21,7 +21,8 @@ def verify(
     root: common.RootOpt = None,
     image: common.ImageOpt = None,
     pull: common.PullOpt = "missing",
-    patch: common.PatchOpt = None,
+    patch: common.PatchesOpt = None,
+    series: common.SeriesOpt = None,
     strip: common.StripOpt = None,
     python: common.PythonOpt = None,
     platform: common.PlatformOpt = None,
@@ -40,14 +41,23 @@ def verify(
         if image is None or root is not None:
             raise BadInput("--attestation checks an image in a registry: give --image HOST[:PORT]/REPO:TAG, not --root")
         checked = pipeline.verify_attestation(pipeline.AttestationRequest(
-            ref=image, key=str(key), patch=patch, platform=common.platform_request(platform)),
+            ref=image, key=str(key), patch=_one_patch(patch, series), platform=common.platform_request(platform)),
             on_step=output.step_printer(not as_json))
         common.finish(checked, report_dir=report_dir, as_json=as_json, junit=junit)
-    request = pipeline.VerifyRequest(target=common.target_spec(root, image, python, pull=pull, platform=platform), patch=patch, strip=strip,
-                                     probe=not no_probe)
+    request = pipeline.VerifyRequest(target=common.target_spec(root, image, python, pull=pull, platform=platform),
+                                     patches=tuple(patch or ()), series=None if series is None else str(series),
+                                     strip=strip, probe=not no_probe)
     with output.pull_display() as pulls:
         report = pipeline.verify(request, on_step=output.step_printer(not as_json), on_pull=pulls)
     common.finish(report, report_dir=report_dir, as_json=as_json, junit=junit)
+
+
+def _one_patch(patches: list[str] | None, series: Path | None) -> str | None:
+    """--attestation checks one patch set's attestation."""
+    if series is not None or len(patches or ()) > 1:
+        raise BadInput("--attestation checks the attestation of one patch set; a series has none yet",
+                       hint="give --patch once, or verify the series without --attestation")
+    return patches[0] if patches else None
 
 
 def probe(

@@ -107,7 +107,10 @@ def _combined(members: list[MemberPlan], read: Callable[[str], bytes | None], st
         if status == "apply" and pre == post:
             continue  # carried members' files, or a file added and removed again: nothing to write
         action: FileAction = "add" if pre is None else "delete" if post is None else "modify"
-        placements = tuple(p for m in members for f in m.plan.files if f.path == path for p in f.placements)
+        # The hunks this run places (all of them, for a series already in place): never those of
+        # members the tree carried before, which are not placed again.
+        placed = [m for m in members if status == "already-applied" or not m.applied_before]
+        placements = tuple(p for m in placed for f in m.plan.files if f.path == path for p in f.placements)
         files.append(FilePlan(path=path, action=action, pre=pre, post=post,
                               pre_sha256=_sha(pre), post_sha256=_sha(post), placements=placements))
     digest = hashlib.sha256("\n".join(m.plan.diff_sha256 for m in members).encode()).hexdigest()

@@ -13,7 +13,7 @@ from dataclasses import replace
 
 from ..errors import BadInput, CheckFailed, DsparkPatchError, ProbeFailed, VerifyMismatch
 from ..patching.plan import PatchPlan, plan_patch
-from ..patchset import resolve
+from ..patchset import PatchSet, Variant, resolve
 from ..report.model import AuditReport, FileReport, ImageRecord
 from ..targets.base import ImageCapable, Journaled, PullCallback, Target
 from ..targets.caches import seal
@@ -24,6 +24,7 @@ from .image_steps import (
     LayerCheck,
     check_labels,
     refuse_runs_first,
+    refuse_stacking,
     refuse_started,
     refuse_unimported,
     runs_first,
@@ -33,9 +34,11 @@ from .integrity_check import check_base, check_integrity, integrity_problems
 from .requests import ApplyRequest, ImageSpec, LocalSpec, ProbeRequest, TargetSpec, VerifyRequest
 from .resolve import ImageSource, LocalSource, Source
 from .runlog import ResultCallback, RunLog, StepCallback, target_report, with_distribution
+from .series_steps import Folded, plan_checked
 from .shared_steps import (
     CachingReader,
     EarlyStart,
+    Prepared,
     check_known_images,
     check_post_images,
     file_reports,
@@ -154,12 +157,17 @@ def _apply(request: ApplyRequest, target: Target, run: RunLog, on_result: Result
     # The image flow, checked once: an image request opens an image target.
     image = _image_flow(request.target, target)
     early = EarlyStart(target, wanted=request.probe and not request.dry_run)
-    patchset, policy, dist, variant, diff = prepare(
-        run, target, request.patch, request.strip, after_load=early,
+    prepared = prepare(
+        run, target, request.patches, request.strip, series_file=request.series, after_load=early,
         allow_unknown_base=request.allow_unknown_base, allow_unreviewed=request.allow_unreviewed)
-    note = policy.admit(patchset, variant)
-    if note is not None:
-        run.notes.append(note)
+    patchset, policy, dist, variant, diff = (prepared.patchset, prepared.policy, prepared.dist, prepared.variant,
+                                             prepared.diff)
+    for member, its_variant in _admitted(prepared):
+        note = policy.admit(member, its_variant)
+        if note is not None:
+            run.notes.append(note)
+    if image is not None:
+        refuse_stacking(image.target, run.draft.target.ref, patchset, variant)
     if image is not None and image.spec.tag and not request.dry_run:
         image.target.refuse_existing_tag(image.spec.tag, force=image.spec.force)
     started = None
@@ -172,7 +180,7 @@ def _apply(request: ApplyRequest, target: Target, run: RunLog, on_result: Result
         if isinstance(request.target, LocalSpec) and isinstance(target, Journaled) else None
     ctx = ApplyContext(request=request, target=target, run=run, on_result=on_result, patchset=patchset, policy=policy,
                        dist=dist, variant=variant, diff=diff, reader=CachingReader(target), early=early, image=image,
-                       local=local, layers=layers)
+                       local=local, layers=layers, folded=prepared.folded)
     try:
         return _patch(ctx)
     except CheckFailed:
@@ -200,6 +208,13 @@ def _patch(ctx: ApplyContext) -> AuditReport:
     return run_steps(ctx, outcome)
 
 
+def _admitted(prepared: Prepared) -> list[tuple[PatchSet, Variant]]:
+    """Each patch set apply is about to use, with its variant: the members of a series one by one."""
+    if prepared.folded is None:
+        return [(prepared.patchset, prepared.variant)]
+    return [(m.patchset, m.variant) for m in prepared.folded.members]
+
+
 def _outcome(ctx: ApplyContext) -> Outcome:
     if ctx.planned.status == "already-applied":
         return "already-applied"
@@ -208,6 +223,8 @@ def _outcome(ctx: ApplyContext) -> Outcome:
 
 def _plan(ctx: ApplyContext) -> PatchPlan:
     diff, variant, reader, policy = ctx.diff, ctx.variant, ctx.reader, ctx.policy
+    if ctx.folded is not None:
+        return _plan_series(ctx, ctx.folded)
     with ctx.run.step("plan"):
         if policy.hash_checks:  # before placing hunks: "not the reviewed file" is the clearer message
             check_known_images(diff, variant, ctx.dist, reader)
@@ -226,11 +243,30 @@ def _plan(ctx: ApplyContext) -> PatchPlan:
     return plan
 
 
+def _plan_series(ctx: ApplyContext, folded: Folded) -> PatchPlan:
+    """A series: each member placed on the result of the ones before it and held to its own
+    reviewed hashes (series_steps.py); the folded variant's post-images then hold as for one set."""
+    with ctx.run.step("plan"):
+        placed = plan_checked(folded.series, folded.members, ctx.reader, hash_checks=ctx.policy.hash_checks)
+        plan = replace(placed.combined, diff_sha256=folded.diff.sha256)
+        ctx.run.update(files=file_reports(plan, folded.variant))
+        check_post_images(plan, folded.variant, enforce=ctx.policy.hash_checks or plan.status == "already-applied")
+        carried = [m.name for m in placed.members if m.applied_before]
+        if carried and plan.status == "apply":
+            ctx.run.notes.append(f"the tree already carries {', '.join(carried)}: the rest of the series goes on top")
+    return plan
+
+
 def _verify(request: VerifyRequest, target: Target, run: RunLog) -> AuditReport:
     early = EarlyStart(target, wanted=request.probe)  # it overlaps the integrity walk
-    patchset, policy, dist, variant, diff = prepare(run, target, request.patch, request.strip, after_load=early)
-    if policy.unreviewed(variant):
-        run.notes.append(f"variant {variant.name} is unreviewed: made by `dspark-patch port`, not yet marked reviewed")
+    prepared = prepare(run, target, request.patches, request.strip, series_file=request.series, after_load=early)
+    patchset, policy, dist, variant, diff = (prepared.patchset, prepared.policy, prepared.dist, prepared.variant,
+                                             prepared.diff)
+    for member, its_variant in _admitted(prepared):
+        if policy.unreviewed(its_variant):
+            of = "" if prepared.folded is None else f" of {member.id}"
+            run.notes.append(f"variant {its_variant.name}{of} is unreviewed: made by `dspark-patch port`, "
+                             "not yet marked reviewed")
     reader = CachingReader(target)
     problems: list[str] = []
 
@@ -272,7 +308,7 @@ def _verify(request: VerifyRequest, target: Target, run: RunLog) -> AuditReport:
             problems.append(copy)
         problems[:0] = runs_first(target, dist, run)  # first: what runs decides what the rest means
         with run.step("labels"):
-            problems += check_labels(target, variant, patchset, policy)
+            problems += check_labels(target, variant, patchset, policy, run.draft.series)
 
     if request.probe and patchset.probe is not None:
         try:

@@ -17,6 +17,7 @@ from .image_steps import LayerCheck
 from .policy import CheckPolicy
 from .requests import ApplyRequest, ImageSpec
 from .runlog import ResultCallback, RunLog
+from .series_steps import Folded
 from .shared_steps import CachingReader, EarlyStart
 
 # How an apply run ends; decided in one place (commands.py: _outcome).
@@ -61,6 +62,7 @@ class ApplyContext:
     layers: LayerCheck | None             # an image's layers read beside the steps
     plan: PatchPlan | None = None         # once planned
     pyc_before: dict[str, bytes | None] | None = None  # the bytecode before the write, for its restore
+    folded: Folded | None = None          # a series of several patch sets: its members (patchset is the fold)
 
     @property
     def planned(self) -> PatchPlan:

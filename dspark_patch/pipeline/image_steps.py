@@ -11,11 +11,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from .. import __version__
-from ..errors import LayerMismatch, UnimportedCopy, runs_first_message
+from ..errors import LayerMismatch, StackedLayer, UnimportedCopy, runs_first_message
 from ..imageref import ImageRef
 from ..patching.plan import FilePlan, PatchPlan
 from ..patchset import PatchSet, Variant, available, patched_paths
-from ..report.model import ImageRecord, LayerChange, LayerReport
+from ..report.model import ImageRecord, LayerChange, LayerReport, PatchReport
 from ..targets.base import Distribution, ImageCapable, LayerEntry, TargetInfo
 from ..targets.caches import proofs
 from ..targets.views.site_folders import minor_version
@@ -268,6 +268,15 @@ def name_source(spec: ImageSpec, target: ImageCapable, run: RunLog, on_result: R
         raise
 
 
+def _series_ids(label: str) -> str:
+    """The ids a series label names, for a message (a label is input: anything else is said as such)."""
+    try:
+        members = json.loads(label)
+        return " + ".join(str(m["id"]) for m in members)[:200]
+    except (ValueError, TypeError, KeyError):
+        return "a malformed series label"
+
+
 def _only(plan: PatchPlan, files: list[FilePlan]) -> PatchPlan:
     return replace(plan, files=tuple(files))
 
@@ -296,11 +305,23 @@ def labels_for(patchset: PatchSet, variant: Variant, plan: PatchPlan, run: RunLo
         f"{LABEL_PREFIX}.files": json.dumps(files, sort_keys=True, separators=(",", ":")),
         f"{LABEL_PREFIX}.tool-version": __version__,
     }
+    if run.draft.series:
+        labels[SERIES_LABEL] = series_label(run.draft.series)
     # The report digest covers the audit as it stood before the commit (the result image id cannot
     # be inside its own label); the final report carries these labels for cross-checking.
     pre_commit = json.dumps(digestable(run), sort_keys=True, separators=(",", ":"))
     labels[f"{LABEL_PREFIX}.report.sha256"] = hashlib.sha256(pre_commit.encode()).hexdigest()
     return labels
+
+
+SERIES_LABEL = f"{LABEL_PREFIX}.series"
+
+
+def series_label(members: tuple[PatchReport, ...]) -> str:
+    """The series an image carries, in order: each member's id, variant, diff digest and review
+    state (only on an image made from a series of several patch sets)."""
+    return json.dumps([{"id": m.id, "variant": m.variant, "sha256": m.sha256, "review": m.review} for m in members],
+                      separators=(",", ":"))
 
 
 def digestable(run: RunLog) -> dict:
@@ -315,12 +336,39 @@ def digestable(run: RunLog) -> dict:
     }
 
 
-def check_labels(target: ImageCapable, variant: Variant, patchset: PatchSet, policy: CheckPolicy) -> list[str]:
+def refuse_stacking(target: ImageCapable, ref: str, patchset: PatchSet, variant: Variant) -> None:
+    """apply of another patch set (or series) to an image that already carries a layer of ours is
+    refused before the plan: the result would be two layers of ours, and neither would verify.
+    The same one again goes on to the plan, which finds it already applied (or says what differs)."""
+    labels = target.source_labels()
+    if f"{LABEL_PREFIX}.files" not in labels:
+        return
+    if labels.get(f"{LABEL_PREFIX}.patch.id") == (patchset.id or "bare-diff") \
+            and labels.get(f"{LABEL_PREFIX}.patch.sha256") == variant.diff_sha256:
+        return
+    carried = labels.get(SERIES_LABEL)
+    named = _series_ids(carried) if carried is not None else str(labels.get(f"{LABEL_PREFIX}.patch.id", "?"))[:200]
+    raise StackedLayer(
+        f"{ref} already carries a dspark-patch layer ({named}); a second layer on top would stack, and neither "
+        "would verify",
+        hint="apply the whole series, in order, to the image that layer was put on (replacing a layer of ours "
+             "is not supported yet)")
+
+
+def check_labels(target: ImageCapable, variant: Variant, patchset: PatchSet, policy: CheckPolicy,
+                 series: tuple[PatchReport, ...] = ()) -> list[str]:
+    """`series`: the members verify was asked for (a series of several), whose label must say
+    exactly them; a single patch set's image has no series label."""
     labels = target.source_labels()
     problems = []
     files_label = labels.get(f"{LABEL_PREFIX}.files")
     if files_label is None:
         return [f"the image has no {LABEL_PREFIX}.* labels (it was not made by dspark-patch apply)"]
+    carried = labels.get(SERIES_LABEL)
+    if series and carried != series_label(series):
+        problems.append(f"label {SERIES_LABEL} does not name the series {', '.join(m.id or '' for m in series)}")
+    elif not series and carried is not None:
+        problems.append(f"the image was made from a series ({_series_ids(carried)}), not from {patchset.id or 'this diff'} alone")
     if labels.get(f"{LABEL_PREFIX}.patch.id") != (patchset.id or "bare-diff"):
         problems.append(f"label {LABEL_PREFIX}.patch.id is {labels.get(f'{LABEL_PREFIX}.patch.id')!r}")
     if labels.get(f"{LABEL_PREFIX}.patch.sha256") != variant.diff_sha256:

@@ -41,7 +41,9 @@ TargetSpec = LocalSpec | ImageSpec
 @dataclass(frozen=True, kw_only=True)
 class ApplyRequest:
     target: TargetSpec
-    patch: str | None = None
+    # The series, in order: each `--patch` (none: the shipped default), or a series file (series.py).
+    patches: tuple[str, ...] = ()
+    series: str | None = None
     strip: int | None = None
     dry_run: bool = False
     compile: bool = True
@@ -57,7 +59,8 @@ class ApplyRequest:
 @dataclass(frozen=True, kw_only=True)
 class VerifyRequest:
     target: TargetSpec
-    patch: str | None = None
+    patches: tuple[str, ...] = ()
+    series: str | None = None
     strip: int | None = None
     probe: bool = True
 

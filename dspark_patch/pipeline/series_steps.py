@@ -5,16 +5,17 @@ Nothing here writes."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..errors import HashMismatch, InvalidSeries
-from ..patching.diff import Diff
+from ..patching.diff import Diff, FileAction, FilePatch
 from ..patching.series_plan import MemberPlan, SeriesPlan, plan_series
-from ..patchset import PatchSet, Variant
+from ..patchset import FileHashes, PatchSet, Variant
 from ..series import Series, name_of
 from ..targets.base import Distribution
-from .shared_steps import load_diff
+from .diff_checks import load_diff
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,3 +90,68 @@ def check_member_hashes(member: Member, placed: MemberPlan) -> None:
                     f"not its reviewed {side}-image {wanted or '(none)'} ({member.variant.name})",
                     hint="the tree, or a patch set before it in the series, differs from what it was reviewed on; "
                          "nothing was written")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Folded:
+    """A series of several patch sets seen as the one change it makes to the tree, which is what
+    the single-set steps check: the integrity of every other file, the labels, the probe.
+
+    Its variant's hashes run from the first member that changes a file (its reviewed pre-image)
+    to the last (its reviewed post-image); plan_checked has held every member in between to its
+    own. Its diff names each file the series changes, with the series' action on it (the hunks
+    are the members', placed by the series' planner; this diff is never placed itself)."""
+
+    patchset: PatchSet
+    variant: Variant
+    diff: Diff
+    series: Series
+    members: tuple[Member, ...]
+
+    @property
+    def id(self) -> str:
+        return self.patchset.id or ""
+
+
+SERIES_JOIN = "+"
+
+
+def fold(series: Series, chosen: tuple[Member, ...], dist: Distribution) -> Folded:
+    """The series as one patch set for `dist`'s release. A bare diff cannot be part of a series of
+    several (it names no hashes to chain), and at most one member may bring a probe."""
+    bare = [m.name for m in chosen if not m.reviewed]
+    if bare:
+        raise InvalidSeries(f"the bare diff {bare[0]} cannot be part of a series of several patch sets",
+                            hint="make it a patch set (patch.toml with its hashes) to put it in a series, or apply it alone")
+    distributions = {m.patchset.distribution for m in chosen}
+    if len(distributions) > 1:
+        raise InvalidSeries(f"the series patches {' and '.join(sorted(distributions))}; one run patches one distribution",
+                            hint="split the series by distribution")
+    probing = [m for m in chosen if m.patchset.probe is not None]
+    if len(probing) > 1:
+        raise InvalidSeries(f"{probing[0].name} and {probing[1].name} both bring a probe; a series runs at most one",
+                            hint="apply the sets with probes in separate runs, or drop one probe")
+    files: dict[str, FileHashes] = {}
+    actions: dict[str, FileAction] = {}
+    for member in chosen:
+        for fp in member.diff.files:
+            hashes = member.variant.files[fp.path]
+            first = files.get(fp.path)
+            files[fp.path] = FileHashes(pre_sha256=first.pre_sha256 if first else hashes.pre_sha256,
+                                        post_sha256=hashes.post_sha256)
+            pre_absent = files[fp.path].pre_sha256 is None
+            actions[fp.path] = "add" if pre_absent else "delete" if hashes.post_sha256 is None else "modify"
+    raw = b"".join(m.variant.diff for m in chosen)
+    lead = probing[0] if probing else chosen[0]
+    variant = Variant(
+        name=SERIES_JOIN.join(m.variant.name for m in chosen), releases=(dist.version,),
+        diff_path=lead.variant.diff_path, diff=raw, files=files,
+        review="unreviewed" if any(m.variant.review == "unreviewed" for m in chosen) else "reviewed")
+    patchset = PatchSet(
+        id=SERIES_JOIN.join(m.name for m in chosen), title=" + ".join(m.patchset.title for m in chosen),
+        summary="a series: " + ", ".join(m.name for m in chosen), distribution=lead.patchset.distribution,
+        strip=lead.patchset.strip, probe=lead.patchset.probe, probe_modules=lead.patchset.probe_modules,
+        probe_beside=lead.patchset.probe_beside, source=lead.patchset.source, variants=(variant,))
+    diff = Diff(files=tuple(FilePatch(path=path, action=actions[path], hunks=()) for path in files),
+                sha256=hashlib.sha256(raw).hexdigest())
+    return Folded(patchset=patchset, variant=variant, diff=diff, series=series, members=chosen)

@@ -7,48 +7,80 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
+from .. import series as series_mod
 from ..errors import (
-    BadInput,
     CheckFailed,
     CompileFailed,
     DsparkPatchError,
     HashMismatch,
-    InvalidPatchSet,
-    MalformedPatch,
+    InvalidSeries,
     ProbeFailed,
-    UnsafePatch,
 )
 from ..inside import source as inside_source
 from ..inside.answers import CompiledRow, MalformedAnswer, decode_compile
-from ..inside.integrity import own_folders
-from ..patching.diff import Diff, parse_diff
+from ..patching.diff import Diff
 from ..patching.plan import FilePlan, PatchPlan, plan_patch
-from ..patchset import PatchSet, Variant, resolve
+from ..patchset import PatchSet, Variant
 from ..probe.prestart import EarlyProbe
 from ..probe.run import run_probe, start_probe_early
 from ..report.model import CompiledFile, CompileReport, FileReport, HunkReport, PatchReport, ProbeReport
 from ..targets.base import Distribution, Target
+from . import series_steps
+from .diff_checks import load_diff
 from .policy import CheckPolicy
 from .runlog import RunLog, with_distribution
 
 
-def prepare(run: RunLog, target: Target, patch: str | None, strip: int | None, *,
+def prepare(run: RunLog, target: Target, patches: tuple[str, ...], strip: int | None, *, series_file: str | None = None,
             after_load: Callable[[PatchSet], None] | None = None, allow_unknown_base: bool = False,
-            allow_unreviewed: bool = False) -> tuple[PatchSet, CheckPolicy, Distribution, Variant, Diff]:
-    """Load the patch set and derive its check policy, find the installed distribution, pick the
-    variant and parse its diff (`after_load` runs between the first two: the probe may start early there)."""
+            allow_unreviewed: bool = False) -> Prepared:
+    """Load the patch set (or the series) and derive its check policy, find the installed
+    distribution, pick the variant and parse its diff (`after_load` runs between the first two:
+    the probe may start early there). A series of several is folded into the one change it
+    makes (series_steps.py); its members are in `folded`."""
     with run.step("load patch"):
-        patchset = resolve(patch, strip=strip)
-    policy = CheckPolicy.of(patchset, allow_unknown_base=allow_unknown_base, allow_unreviewed=allow_unreviewed)
+        series = series_mod.load(patches, series_file=series_file, strip=strip)
+    lead = next((p for p in series if p.probe is not None), series.sets[0])
+    policy = CheckPolicy.of(lead, allow_unknown_base=allow_unknown_base, allow_unreviewed=allow_unreviewed)
+    if len(series) > 1 and not policy.release_checks:
+        raise InvalidSeries(f"the bare diff {series_mod.name_of(lead)} cannot be part of a series of several patch sets",
+                            hint="make it a patch set (patch.toml with its hashes) to put it in a series, or apply it alone")
     if after_load is not None:
-        after_load(patchset)
+        after_load(lead)
     with run.step("locate"):
-        dist = target.locate(patchset.distribution)
+        dist = target.locate(lead.distribution)
     run.update(target=with_distribution(run.draft.target, dist))
-    variant, diff = select_variant(patchset, policy, dist, strip, run)
-    return patchset, policy, dist, variant, diff
+    if len(series) == 1:
+        variant, diff = select_variant(lead, policy, dist, strip, run)
+        return Prepared(patchset=lead, policy=policy, dist=dist, variant=variant, diff=diff)
+    chosen = series_steps.members(series, dist, strip)
+    series_steps.check_shared_files(series, chosen)
+    folded = series_steps.fold(series, chosen, dist)
+    run.update(patch=PatchReport(id=folded.id, variant=folded.variant.name, sha256=folded.variant.diff_sha256,
+                                 source=" + ".join(_member_source(m.patchset, m.variant) for m in chosen),
+                                 hash_checks=True, review=folded.variant.review),
+               series=tuple(PatchReport(id=m.patchset.id, variant=m.variant.name, sha256=m.variant.diff_sha256,
+                                        source=_member_source(m.patchset, m.variant), hash_checks=True,
+                                        review=m.variant.review) for m in chosen))
+    return Prepared(patchset=folded.patchset, policy=policy, dist=dist, variant=folded.variant, diff=folded.diff,
+                    folded=folded)
+
+
+def _member_source(patchset: PatchSet, variant: Variant) -> str:
+    return f"{patchset.id}/{variant.diff_path.relative_to(patchset.source.resolve()).as_posix()}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Prepared:
+    patchset: PatchSet
+    policy: CheckPolicy
+    dist: Distribution
+    variant: Variant
+    diff: Diff
+    folded: series_steps.Folded | None = None   # a series of several: its members
 
 
 class CachingReader:
@@ -88,66 +120,6 @@ def select_variant(patchset: PatchSet, policy: CheckPolicy, dist: Distribution, 
     if not reviewed:
         run.notes.append("bare diff file: release and hash checks skipped")
     return variant, load_diff(patchset, variant, dist, strip, reviewed=reviewed)
-
-
-def load_diff(patchset: PatchSet, variant: Variant, dist: Distribution, strip: int | None, *,
-              reviewed: bool) -> Diff:
-    """The variant's diff, parsed and held to what a patch set may change: its bounds, the
-    distribution's own files, and (reviewed) exactly the files patch.toml lists hashes for."""
-    try:
-        diff = parse_diff(variant.diff, strip=patchset.strip if strip is None else strip)
-    except BadInput as exc:  # the engine parses bytes; name the file they came from
-        raise type(exc)(f"{variant.diff_path}: {exc.message}", hint=exc.hint) from None
-    check_bounds(diff, variant)
-    check_owned(diff, dist)
-    if reviewed:
-        in_diff = {fp.path for fp in diff.files}
-        if in_diff != set(variant.files):
-            raise InvalidPatchSet(
-                f"patch set {patchset.id} variant {variant.name}: the diff touches {sorted(in_diff)} "
-                f"but patch.toml lists hashes for {sorted(variant.files)}",
-                hint="list every file of the diff under [variants.files]",
-            )
-    return diff
-
-
-# What one patch set's diff may hold: a real patch set changes a few files with a few dozen
-# hunks; these bounds keep a hostile one from filling the tree or the planner's time.
-MAX_FILES = 200
-MAX_HUNKS = 5000
-
-
-def check_bounds(diff: Diff, variant: Variant) -> None:
-    hunks = sum(len(fp.hunks) for fp in diff.files)
-    if len(diff.files) > MAX_FILES or hunks > MAX_HUNKS:
-        raise MalformedPatch(
-            f"{variant.diff_path.name}: {len(diff.files)} files and {hunks} hunks; a patch set may change at most "
-            f"{MAX_FILES} files with {MAX_HUNKS} hunks",
-            hint="split the change into several patch sets, or check that this is the diff you meant",
-        )
-
-
-def owned_folders(dist: Distribution) -> frozenset[str]:
-    """The distribution's own top-level folders, by its RECORD: `vllm` for vLLM (not its
-    dist-info, its .data, its scripts, nor a top-level module file). Without a RECORD, its
-    import name."""
-    owned = {top for top in own_folders(e.path for e in dist.record)
-             if not top.endswith((".dist-info", ".data", ".egg-info"))}
-    return frozenset(owned) or frozenset({dist.name.replace("-", "_").lower()})
-
-
-def check_owned(diff: Diff, dist: Distribution) -> None:
-    """A diff may change only files inside the distribution's own top-level folders: not another
-    distribution's files, not its RECORD, not the site folder's top (start-up files and others
-    are refused by the diff parser already)."""
-    owned = owned_folders(dist)
-    for fp in diff.files:
-        top, _, rest = fp.path.partition("/")
-        if top not in owned or not rest:
-            raise UnsafePatch(
-                f"{fp.path}: outside {dist.name}'s own folders ({', '.join(sorted(owned))}/) by its RECORD",
-                hint=f"a patch set changes only files of {dist.name}; nothing was written",
-            )
 
 
 def check_known_images(diff: Diff, variant: Variant, dist: Distribution, reader: CachingReader) -> None:

@@ -59,7 +59,9 @@ def _unshown_failures(cases: list[CheckCase]) -> list[str]:
 def _summary_line(report: AuditReport) -> str:
     patch = report.patch
     what = f"patch `{patch.id}`" if patch and patch.id else "a bare diff" if patch else "no patch"
-    if patch and patch.variant:
+    if report.series:
+        what = "the series " + ", then ".join(f"`{m.id}` (variant `{m.variant}`)" for m in report.series)
+    elif patch and patch.variant:
         what += f" (variant `{patch.variant}`)"
     n = len(report.files)
     files = f"{n} file{'s' if n != 1 else ''}"

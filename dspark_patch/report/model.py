@@ -264,6 +264,9 @@ class AuditReport:
     target: TargetReport
     result_image: ImageRecord | None = None
     patch: PatchReport | None = None
+    # A series of several patch sets: each member in order (`patch` then names the series as a
+    # whole, its id and variant the members' joined by "+"); empty for one patch set.
+    series: tuple[PatchReport, ...] = ()
     files: tuple[FileReport, ...] = ()
     compile: CompileReport = field(default_factory=lambda: CompileReport(ok=True, ran=False))
     probe: ProbeReport = field(default_factory=lambda: ProbeReport(ok=True, ran=False))

@@ -1,0 +1,106 @@
+"""A series of patch sets on the real 0.33.0 fixture image, through the console script (engine
+tier): the DSpark set and a team's own set that requires it give one new layer whose labels name
+the series; `verify` of the series passes; `verify` of the DSpark set alone fails naming what
+else the image carries; another patch set on that image is refused rather than stacked."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import docker
+import pytest
+
+from dspark_patch.pipeline import LABEL_PREFIX
+from tests.support.cli import run
+from tests.support.images import fixture_image
+from tests.support.team_sets import DSPARK, team_edit, write_set
+
+pytestmark = pytest.mark.engine
+
+
+@pytest.fixture(scope="module")
+def client() -> docker.DockerClient:
+    return docker.from_env()
+
+
+@pytest.fixture(scope="module")
+def team(patched033, tmp_path_factory) -> dict[str, str]:
+    where = tmp_path_factory.mktemp("team")
+    tree = patched033.copy(where / "tree" / "site-packages")
+    write_set(where / "patches", "team-envs", team_edit(tree), requires=(DSPARK,))
+    return {"DSPARK_PATCH_PATH": str(where / "patches")}
+
+
+@pytest.fixture(scope="module")
+def series_image(client, team, tmp_path_factory):
+    out = tmp_path_factory.mktemp("series")
+    tag = f"dspark-patch/test-series:{uuid.uuid4().hex[:10]}"
+    res = run("apply", "--image", fixture_image(), "--patch", DSPARK, "--patch", "team-envs", "--tag", tag,
+              "--report-dir", str(out / "r"), "--json", env=team)
+    yield res, tag, out
+    try:
+        client.images.remove(tag, force=True)
+    except docker.errors.ImageNotFound:
+        pass
+
+
+def test_a_series_is_one_new_layer_whose_labels_name_it(client, series_image) -> None:
+    res, tag, _out = series_image
+    assert res.returncode == 0, res.stderr
+    assert res.json["status"] == "applied"
+    source = client.images.get(fixture_image()).attrs
+    result = client.images.get(tag).attrs
+    assert result["RootFS"]["Layers"][:-1] == source["RootFS"]["Layers"]
+    assert len(result["RootFS"]["Layers"]) == len(source["RootFS"]["Layers"]) + 1
+    labels = result["Config"]["Labels"]
+    assert [m["id"] for m in json.loads(labels[f"{LABEL_PREFIX}.series"])] == [DSPARK, "team-envs"]
+    assert labels[f"{LABEL_PREFIX}.patch.id"] == f"{DSPARK}+team-envs"
+    assert set(json.loads(labels[f"{LABEL_PREFIX}.files"])) == {
+        "vllm/envs.py", "vllm/logger.py", "vllm/models/deepseek_v4/nvidia/model.py"}
+
+
+def test_verify_passes_for_the_series_and_fails_for_one_set_alone(series_image, team, tmp_path: Path) -> None:
+    _res, tag, _out = series_image
+    ok = run("verify", "--image", tag, "--patch", DSPARK, "--patch", "team-envs", "--no-probe",
+             "--report-dir", str(tmp_path / "series"), env=team)
+    assert ok.returncode == 0, ok.stderr
+    alone = run("verify", "--image", tag, "--patch", DSPARK, "--no-probe", "--report-dir", str(tmp_path / "alone"),
+                env=team)
+    line = alone.assert_clean_error(1)
+    assert f"made from a series ({DSPARK} + team-envs)" in line
+    assert "vllm/envs.py" in line
+
+
+def test_another_patch_set_on_a_series_image_is_refused_not_stacked(client, series_image, team, tmp_path: Path) -> None:
+    _res, tag, _out = series_image
+    layers = client.images.get(tag).attrs["RootFS"]["Layers"]
+    new_tag = f"dspark-patch/test-series:{uuid.uuid4().hex[:10]}"
+    res = run("apply", "--image", tag, "--patch", DSPARK, "--tag", new_tag, "--report-dir", str(tmp_path / "r"),
+              env=team)
+    line = res.assert_clean_error(2)
+    assert f"already carries a dspark-patch layer ({DSPARK} + team-envs)" in line
+    # nothing was stacked on it (other runs may make images meanwhile: only ones on this one count)
+    assert not [i.id for i in client.images.list(all=True)
+                if i.attrs["RootFS"]["Layers"][:len(layers)] == layers and len(i.attrs["RootFS"]["Layers"]) > len(layers)]
+    with pytest.raises(docker.errors.ImageNotFound):
+        client.images.get(new_tag)
+
+
+def test_the_same_series_again_is_already_applied(series_image, team, tmp_path: Path) -> None:
+    _res, tag, _out = series_image
+    res = run("apply", "--image", tag, "--patch", DSPARK, "--patch", "team-envs", "--no-probe",
+              "--report-dir", str(tmp_path / "r"), "--json", env=team)
+    assert res.returncode == 0, res.stderr
+    assert res.json["status"] == "already-applied"
+
+
+def test_status_of_the_series_image_and_its_source(series_image, team) -> None:
+    _res, tag, _out = series_image
+    res = run("status", "--image", tag, "--image", fixture_image(), "--json", env=team)
+    assert res.returncode == 0, res.stderr
+    rows = {r["ref"]: r for r in res.json["images"]}
+    assert dict(rows[tag]["patch_sets"]) == {DSPARK: "applied", "team-envs": "applied"}
+    assert dict(rows[fixture_image()]["patch_sets"]) == {DSPARK: "absent", "team-envs": "absent"}
+    assert all(not r["unexplained"] and not r["missing"] and not r["added"] for r in rows.values())
