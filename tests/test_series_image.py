@@ -5,6 +5,7 @@ else the image carries; another patch set on that image is refused rather than s
 
 from __future__ import annotations
 
+import io
 import json
 import uuid
 from pathlib import Path
@@ -73,19 +74,65 @@ def test_verify_passes_for_the_series_and_fails_for_one_set_alone(series_image, 
     assert "vllm/envs.py" in line
 
 
-def test_another_patch_set_on_a_series_image_is_refused_not_stacked(client, series_image, team, tmp_path: Path) -> None:
+def test_one_set_applied_to_the_series_image_replaces_our_layer(client, series_image, team, tmp_path: Path) -> None:
+    """The DSpark set alone on the series image: the result is the source plus one layer (ours
+    replaced, not stacked), its labels name the DSpark set alone, and verify passes on it."""
     _res, tag, _out = series_image
-    layers = client.images.get(tag).attrs["RootFS"]["Layers"]
     new_tag = f"dspark-patch/test-series:{uuid.uuid4().hex[:10]}"
-    res = run("apply", "--image", tag, "--patch", DSPARK, "--tag", new_tag, "--report-dir", str(tmp_path / "r"),
-              env=team)
-    line = res.assert_clean_error(2)
-    assert f"already carries a dspark-patch layer ({DSPARK} + team-envs)" in line
-    # nothing was stacked on it (other runs may make images meanwhile: only ones on this one count)
-    assert not [i.id for i in client.images.list(all=True)
-                if i.attrs["RootFS"]["Layers"][:len(layers)] == layers and len(i.attrs["RootFS"]["Layers"]) > len(layers)]
-    with pytest.raises(docker.errors.ImageNotFound):
-        client.images.get(new_tag)
+    images_before = {i.id for i in client.images.list(all=True)}
+    try:
+        res = run("apply", "--image", tag, "--patch", DSPARK, "--tag", new_tag, "--no-probe",
+                  "--report-dir", str(tmp_path / "r"), "--json", env=team)
+        assert res.returncode == 0, res.stderr
+        assert res.json["status"] == "applied"
+        assert res.json["target"]["image"]["id"] == client.images.get(tag).id
+        assert any("replaced, not stacked" in n for n in res.json["notes"])
+        source = client.images.get(fixture_image()).attrs
+        result = client.images.get(new_tag).attrs
+        assert result["RootFS"]["Layers"][:-1] == source["RootFS"]["Layers"]
+        assert len(result["RootFS"]["Layers"]) == len(source["RootFS"]["Layers"]) + 1
+        labels = result["Config"]["Labels"]
+        assert labels[f"{LABEL_PREFIX}.patch.id"] == DSPARK and f"{LABEL_PREFIX}.series" not in labels
+        theirs = {k: v for k, v in labels.items() if not k.startswith(LABEL_PREFIX)}
+        assert theirs == {k: v for k, v in (source["Config"]["Labels"] or {}).items()}
+        for field in ("Entrypoint", "Cmd", "Env", "User", "WorkingDir"):
+            assert result["Config"].get(field) == source["Config"].get(field)
+        ok = run("verify", "--image", new_tag, "--patch", DSPARK, "--no-probe", "--report-dir", str(tmp_path / "v"),
+                 env=team)
+        assert ok.returncode == 0, ok.stderr
+        # the image under our layer was made for the run and is gone again
+        made = {i.id for i in client.images.list(all=True)} - images_before
+        assert made == {result["Id"]}, made
+    finally:
+        try:
+            client.images.remove(new_tag, force=True)
+        except docker.errors.ImageNotFound:
+            pass
+
+
+def test_a_layer_on_top_of_ours_is_never_dropped(client, series_image, team, tmp_path: Path) -> None:
+    """An image built FROM the series image with a change of its own carries our labels, but its
+    top layer is not ours: apply of another set is refused, nothing made or tagged."""
+    _res, tag, _out = series_image
+    theirs = f"dspark-patch/test-series:{uuid.uuid4().hex[:10]}-theirs"
+    user = client.images.get(tag).attrs["Config"].get("User") or "root"
+    dockerfile = f"FROM {tag}\nUSER root\nRUN echo ours > /etc/team-marker\nUSER {user}\n".encode()
+    client.images.build(fileobj=io.BytesIO(dockerfile), tag=theirs, rm=True, network_mode="none")
+    new_tag = f"{theirs}-patched"
+    try:
+        layers = client.images.get(theirs).attrs["RootFS"]["Layers"]
+        res = run("apply", "--image", theirs, "--patch", DSPARK, "--tag", new_tag, "--no-probe",
+                  "--report-dir", str(tmp_path / "r"), env=team)
+        line = res.assert_clean_error(2)
+        assert "beyond the files its dspark-patch labels" in line or "was not made by dspark-patch" in line
+        with pytest.raises(docker.errors.ImageNotFound):
+            client.images.get(new_tag)
+        # nothing was stacked on it (other runs may make images meanwhile: only ones on this one count)
+        assert not [i.id for i in client.images.list(all=True)
+                    if i.attrs["RootFS"]["Layers"][:len(layers) - 1] == layers[:-1] and i.attrs["RootFS"]["Layers"] != layers
+                    and len(i.attrs["RootFS"]["Layers"]) >= len(layers)]
+    finally:
+        client.images.remove(theirs, force=True)
 
 
 def test_the_same_series_again_is_already_applied(series_image, team, tmp_path: Path) -> None:

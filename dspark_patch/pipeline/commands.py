@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from ..errors import BadInput, CheckFailed, DsparkPatchError, ProbeFailed, VerifyMismatch
 from ..patching.plan import PatchPlan, plan_patch
@@ -17,20 +17,22 @@ from ..patchset import PatchSet, Variant, resolve
 from ..report.model import AuditReport, FileReport, ImageRecord
 from ..targets.base import ImageCapable, Journaled, PullCallback, Target
 from ..targets.caches import seal
+from ..targets.layers.scan import LayerScan
 from . import local_steps
 from .apply_steps import run_steps
 from .context import ApplyContext, ImageFlow, Outcome
 from .image_steps import (
+    LABEL_PREFIX,
     LayerCheck,
     check_labels,
     refuse_runs_first,
-    refuse_stacking,
     refuse_started,
     refuse_unimported,
     runs_first,
     unimported_copies,
 )
 from .integrity_check import check_base, check_integrity, integrity_problems
+from .our_layer import OurLayer, UnderOurLayer, check_our_layer, our_layer, top_layer_scan
 from .requests import ApplyRequest, ImageSpec, LocalSpec, ProbeRequest, TargetSpec, VerifyRequest
 from .resolve import ImageSource, LocalSource, Source
 from .runlog import ResultCallback, RunLog, StepCallback, target_report, with_distribution
@@ -55,7 +57,49 @@ def apply(request: ApplyRequest, *, source: Source, on_step: StepCallback | None
     """`on_result`: called with the report before an image result is named (runlog.ResultCallback).
     `source`: what `request.target` names (resolve.py), with the run's one store."""
     run = RunLog.start("apply", target_report(request.target), on_step)
-    return _run(run, source, lambda target: _apply(request, target, run, on_result), on_pull)
+    try:
+        return _run(run, source, lambda target: _apply(request, target, run, on_result), on_pull)
+    except UnderOurLayer as under:
+        assert isinstance(source, ImageSource)
+        return _apply_under(request, source, under.layer, run, on_step, on_pull, on_result)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Under:
+    """A run on the image under the source's layer of ours (our_layer.py)."""
+
+    layer: OurLayer
+    top: LayerScan | None       # the source's top layer, read with the strict reader
+    source: ImageRecord         # the image the user named
+
+
+def _apply_under(request: ApplyRequest, source: ImageSource, layer: OurLayer, first: RunLog,
+                 on_step: StepCallback | None, on_pull: PullCallback | None,
+                 on_result: ResultCallback | None) -> AuditReport:
+    """apply on the image under the source's layer of ours: that image is loaded (its layers are
+    the engine's already), the run starts again on it, and it is removed when the run ends."""
+    store = source.store()
+    distribution = first.draft.target.distribution.name if first.draft.target.distribution else "vllm"
+    try:
+        with first.step("layer of ours"):
+            info = store.image_info(layer.image_id)
+            top = top_layer_scan(store, info.id, info.diff_ids[-1], distribution)
+            base, existed = store.image_under_top(info.id, label_prefix=LABEL_PREFIX)
+    except DsparkPatchError as exc:
+        return first.report("failed", exc)
+    run = RunLog.start("apply", target_report(request.target), first.on_step)
+    run.notes.append(f"{source.spec.ref} carries a dspark-patch layer of {layer.named}: applied to the image under "
+                     f"it ({base[:19]}); that layer is replaced, not stacked")
+    under = _Under(layer=layer, top=top, source=ImageRecord(ref=source.spec.ref, id=info.id))
+    on_base = replace(source, spec=replace(source.spec, ref=base, pull="never"), note=None)
+    try:
+        return _run(run, on_base, lambda target: _apply(request, target, run, on_result, under=under), on_pull)
+    finally:
+        if not existed:
+            try:
+                store.remove_image(base)
+            except DsparkPatchError:
+                pass  # a run beside this one works on it too; it is an untagged image
 
 
 def verify(request: VerifyRequest, *, source: Source, on_step: StepCallback | None = None,
@@ -152,10 +196,14 @@ def _image_flow(spec: TargetSpec, target: Target) -> ImageFlow | None:
     return ImageFlow(spec=spec, target=target)
 
 
-def _apply(request: ApplyRequest, target: Target, run: RunLog, on_result: ResultCallback | None) -> AuditReport:
-    """apply's context, made once: what is refused before the plan is refused here."""
+def _apply(request: ApplyRequest, target: Target, run: RunLog, on_result: ResultCallback | None,
+           under: _Under | None = None) -> AuditReport:
+    """apply's context, made once: what is refused before the plan is refused here. `under`: the
+    run is on the image under the source's layer of ours (the source is what the report names)."""
     # The image flow, checked once: an image request opens an image target.
     image = _image_flow(request.target, target)
+    if under is not None:
+        run.update(target=replace(run.draft.target, image=under.source))
     early = EarlyStart(target, wanted=request.probe and not request.dry_run)
     prepared = prepare(
         run, target, request.patches, request.strip, series_file=request.series, after_load=early,
@@ -166,8 +214,13 @@ def _apply(request: ApplyRequest, target: Target, run: RunLog, on_result: Result
         note = policy.admit(member, its_variant)
         if note is not None:
             run.notes.append(note)
-    if image is not None:
-        refuse_stacking(image.target, run.draft.target.ref, patchset, variant)
+    if under is not None:
+        check_our_layer(under.layer, under.top, dist)
+    elif image is not None:
+        ours = our_layer(image.target, target.info.id or "", patchset, variant)
+        if ours is not None:
+            early.cancel()
+            raise UnderOurLayer(ours)
     if image is not None and image.spec.tag and not request.dry_run:
         image.target.refuse_existing_tag(image.spec.tag, force=image.spec.force)
     started = None

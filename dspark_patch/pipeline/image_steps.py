@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from .. import __version__
-from ..errors import LayerMismatch, StackedLayer, UnimportedCopy, runs_first_message
+from ..errors import LayerMismatch, UnimportedCopy, runs_first_message
 from ..imageref import ImageRef
 from ..patching.plan import FilePlan, PatchPlan
 from ..patchset import PatchSet, Variant, available, patched_paths
@@ -268,7 +268,7 @@ def name_source(spec: ImageSpec, target: ImageCapable, run: RunLog, on_result: R
         raise
 
 
-def _series_ids(label: str) -> str:
+def series_ids(label: str) -> str:
     """The ids a series label names, for a message (a label is input: anything else is said as such)."""
     try:
         members = json.loads(label)
@@ -336,25 +336,6 @@ def digestable(run: RunLog) -> dict:
     }
 
 
-def refuse_stacking(target: ImageCapable, ref: str, patchset: PatchSet, variant: Variant) -> None:
-    """apply of another patch set (or series) to an image that already carries a layer of ours is
-    refused before the plan: the result would be two layers of ours, and neither would verify.
-    The same one again goes on to the plan, which finds it already applied (or says what differs)."""
-    labels = target.source_labels()
-    if f"{LABEL_PREFIX}.files" not in labels:
-        return
-    if labels.get(f"{LABEL_PREFIX}.patch.id") == (patchset.id or "bare-diff") \
-            and labels.get(f"{LABEL_PREFIX}.patch.sha256") == variant.diff_sha256:
-        return
-    carried = labels.get(SERIES_LABEL)
-    named = _series_ids(carried) if carried is not None else str(labels.get(f"{LABEL_PREFIX}.patch.id", "?"))[:200]
-    raise StackedLayer(
-        f"{ref} already carries a dspark-patch layer ({named}); a second layer on top would stack, and neither "
-        "would verify",
-        hint="apply the whole series, in order, to the image that layer was put on (replacing a layer of ours "
-             "is not supported yet)")
-
-
 def check_labels(target: ImageCapable, variant: Variant, patchset: PatchSet, policy: CheckPolicy,
                  series: tuple[PatchReport, ...] = ()) -> list[str]:
     """`series`: the members verify was asked for (a series of several), whose label must say
@@ -368,7 +349,7 @@ def check_labels(target: ImageCapable, variant: Variant, patchset: PatchSet, pol
     if series and carried != series_label(series):
         problems.append(f"label {SERIES_LABEL} does not name the series {', '.join(m.id or '' for m in series)}")
     elif not series and carried is not None:
-        problems.append(f"the image was made from a series ({_series_ids(carried)}), not from {patchset.id or 'this diff'} alone")
+        problems.append(f"the image was made from a series ({series_ids(carried)}), not from {patchset.id or 'this diff'} alone")
     if labels.get(f"{LABEL_PREFIX}.patch.id") != (patchset.id or "bare-diff"):
         problems.append(f"label {LABEL_PREFIX}.patch.id is {labels.get(f'{LABEL_PREFIX}.patch.id')!r}")
     if labels.get(f"{LABEL_PREFIX}.patch.sha256") != variant.diff_sha256:

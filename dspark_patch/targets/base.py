@@ -361,6 +361,12 @@ class ImageStore(Protocol):
 
     def remove_image(self, ref: str, *, force: bool = False) -> None: ...
 
+    def image_under_top(self, image_id: str, *, label_prefix: str) -> tuple[str, bool]:
+        """Load the image under `image_id`'s last layer (that layer one of ours: its labels under
+        `label_prefix` go too); returns its id and whether the store had it already (then it is
+        not the caller's to remove; otherwise the caller removes it when done)."""
+        ...
+
     def platform(self) -> tuple[str, str, str]:
         """(os, architecture, variant) of the store's own host, as image indexes spell them."""
         ...

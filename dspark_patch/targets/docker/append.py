@@ -15,6 +15,7 @@ its digest and the load would fail, not go wrong).
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import io
 import json
@@ -23,6 +24,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from ...errors import StackedLayer
 from .client import DockerEngine, ImageInfo
 
 HISTORY_NOTE = "dspark-patch: the patched files, their bytecode and their folders"
@@ -91,3 +93,49 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     member = tarfile.TarInfo(name)
     member.size = len(data)
     tar.addfile(member, io.BytesIO(data))
+
+
+def load_under_top(engine: DockerEngine, source: ImageInfo, *, label_prefix: str) -> tuple[str, bool]:
+    """The image under `source`'s last layer, loaded: its layers but the last, its config with
+    the labels under `label_prefix` taken out, its history without the last entry that made a
+    layer. The layers are on the engine already (as for append_layer). Returns its id, and
+    whether the engine had that very image already (then nothing was loaded: it is not ours to
+    remove).
+
+    Only for an image whose last layer is one of ours (the caller checks that layer's content):
+    its config is then the image's under it plus our labels, so this is that image's config."""
+    if not source.diff_ids:
+        raise ValueError("an image without layers has no layer of ours on top")
+    config = copy.deepcopy(dict(source.config))
+    labels = {k: v for k, v in (config.get("Labels") or {}).items() if not k.startswith(label_prefix)}
+    config["Labels"] = labels or None
+    platform = {k: v for k, v in (("architecture", source.architecture), ("os", source.os),
+                                  ("variant", source.variant)) if v}
+    lower = source.diff_ids[:-1]
+    doc: dict[str, Any] = {**platform, "config": config, "rootfs": {"type": "layers", "diff_ids": list(lower)}}
+    history = _history(engine, source)
+    if history is not None:
+        last = max(i for i, entry in enumerate(history) if not entry.get("empty_layer"))
+        if history[last].get("created_by") != HISTORY_NOTE:
+            raise StackedLayer(
+                f"the last layer of {source.id[:19]} was not made by dspark-patch, by its history "
+                f"({str(history[last].get('created_by'))[:80]!r}), though its labels say so",
+                hint="apply to the image the dspark-patch layer was put on; a layer on top of ours is never removed")
+        doc["history"] = history[:last] + history[last + 1:]
+        made = [entry.get("created") for entry in doc["history"] if entry.get("created")]
+        if made:
+            doc["created"] = made[-1]   # the image under ours was made when its last entry was
+    blob = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+    config_hex = hashlib.sha256(blob).hexdigest()
+    if engine.tag_exists(f"sha256:{config_hex}"):
+        return f"sha256:{config_hex}", True
+    names = [f"{diff_id.split(':', 1)[1]}/layer.tar" for diff_id in lower]
+    manifest = [{"Config": f"{config_hex}.json", "RepoTags": None, "Layers": names}]
+    archive = io.BytesIO()
+    with tarfile.open(fileobj=archive, mode="w:") as tar:
+        _add(tar, f"{config_hex}.json", blob)
+        for name in names:
+            _add(tar, name, b"")
+        _add(tar, "manifest.json", json.dumps(manifest).encode())
+    engine.load(archive.getvalue())
+    return f"sha256:{config_hex}", False

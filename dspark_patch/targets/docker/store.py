@@ -52,6 +52,12 @@ class DockerStore:
     def remove_image(self, ref: str, *, force: bool = False) -> None:
         self.engine.remove_image(ref, force=force)
 
+    def image_under_top(self, image_id: str, *, label_prefix: str) -> tuple[str, bool]:
+        """Load the image under `image_id`'s last layer (append.load_under_top); its id."""
+        from .append import load_under_top
+
+        return load_under_top(self.engine, self.engine.image_info(image_id), label_prefix=label_prefix)
+
     def platform(self) -> tuple[str, str, str]:
         return engine_platform(self.engine)
 
