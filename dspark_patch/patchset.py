@@ -106,6 +106,11 @@ class PatchSet:
         )
 
 
+def is_id(text: str) -> bool:
+    """Whether `text` may be a patch set's id (and its folder's name)."""
+    return bool(_ID.match(text))
+
+
 def patches_dir() -> Path:
     """Where the shipped patch sets live: $DSPARK_PATCH_PATCHES, else the package data.
 

@@ -12,13 +12,14 @@ Whether two sets change the same file is known only once a release's variants ar
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from . import ownfiles
-from .errors import InvalidSeries
-from .patchset import PatchSet, resolve
+from .errors import InvalidSeries, UnsupportedRelease
+from .patchset import FileHashes, PatchSet, resolve
 
 SERIES_LIMIT = 1 << 16   # a series file lists a few patch sets, not megabytes of lines
 MAX_SETS = 64
@@ -147,3 +148,75 @@ def _cycle(ids: dict[str, PatchSet]) -> list[str] | None:
             if found:
                 return found
     return None
+
+
+# A patch set's state in a tree, as status reports it (report/status_model.py PatchSetState).
+State = Literal["applied", "absent", "partial", "drifted", "not-applicable"]
+
+
+def state_of(patchset: PatchSet, hashes: Mapping[str, str], release: str, others: Sequence[PatchSet] = ()) -> State:
+    """A patch set's state in a tree (`hashes`: sha256 of its files by path, `release`: its
+    version): every file the reviewed post-image -> applied, every file the pre-image -> absent,
+    some of each -> partial, any file neither -> drifted; no variant for the release ->
+    not-applicable. `others`: the other known patch sets. In a series a file may be changed again by a later
+    set that requires this one (this one is then applied under it: the file is that set's
+    reviewed post-image), and a file this one changes may have been changed first by a set it
+    requires (this one is then absent while the file is that set's reviewed pre-image)."""
+    try:
+        variant = patchset.variant_for(release)
+    except UnsupportedRelease:
+        return "not-applicable"
+    applied_as, absent_as = _in_series(patchset, others, release)
+    pre = post = neither = 0
+    for path, expected in variant.files.items():
+        actual = hashes.get(path)
+        if actual == expected.post_sha256 or actual in applied_as.get(path, ()):
+            post += 1
+        elif actual == expected.pre_sha256 or actual in absent_as.get(path, ()):
+            pre += 1
+        else:
+            neither += 1
+    if neither:
+        return "drifted"
+    if pre and post:
+        return "partial"
+    return "applied" if post else "absent"
+
+
+def _in_series(patchset: PatchSet, others: Sequence[PatchSet],
+               release: str) -> tuple[dict[str, set[str | None]], dict[str, set[str | None]]]:
+    """Per file of `patchset`: the reviewed post-images of the sets that require it (directly or
+    through another) and change the file too; the reviewed pre-images of the sets it requires
+    that change the file."""
+    by_id = {p.id: p for p in others if p.id is not None}
+    if patchset.id is not None:
+        by_id[patchset.id] = patchset
+
+    def required(p: PatchSet) -> set[str]:
+        seen: set[str] = set()
+        todo = list(p.requires)
+        while todo:
+            pid = todo.pop()
+            if pid not in seen and pid in by_id:
+                seen.add(pid)
+                todo.extend(by_id[pid].requires)
+        return seen
+
+    def files(p: PatchSet) -> dict[str, FileHashes]:
+        try:
+            return p.variant_for(release).files
+        except UnsupportedRelease:
+            return {}
+
+    applied_as: dict[str, set[str | None]] = {}
+    absent_as: dict[str, set[str | None]] = {}
+    for other in by_id.values():
+        if other is patchset:
+            continue
+        if patchset.id in required(other):
+            for path, hashes in files(other).items():
+                applied_as.setdefault(path, set()).add(hashes.post_sha256)
+        if other.id in required(patchset):
+            for path, hashes in files(other).items():
+                absent_as.setdefault(path, set()).add(hashes.pre_sha256)
+    return applied_as, absent_as

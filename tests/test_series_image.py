@@ -1,7 +1,9 @@
 """A series of patch sets on the real 0.33.0 fixture image, through the console script (engine
-tier): the DSpark set and a team's own set that requires it give one new layer whose labels name
-the series; `verify` of the series passes; `verify` of the DSpark set alone fails naming what
-else the image carries; another patch set on that image is refused rather than stacked."""
+tier), as a new user runs it: a team's set made with `new` from a tree that carries the DSpark
+set, applied as a series with it, gives one new layer whose labels name the series; `verify` of
+the series passes; `verify` of the DSpark set alone fails naming what else the image carries;
+the DSpark set alone applied to that result gives the source plus one layer (ours replaced) and
+verifies; a layer someone put on top of ours is never dropped."""
 
 from __future__ import annotations
 
@@ -16,7 +18,8 @@ import pytest
 from dspark_patch.pipeline import LABEL_PREFIX
 from tests.support.cli import run
 from tests.support.images import fixture_image
-from tests.support.team_sets import DSPARK, team_edit, write_set
+from tests.support.team_sets import DSPARK, team_edit
+from tests.support.vllm import replace_file, wheel
 
 pytestmark = pytest.mark.engine
 
@@ -28,9 +31,17 @@ def client() -> docker.DockerClient:
 
 @pytest.fixture(scope="module")
 def team(patched033, tmp_path_factory) -> dict[str, str]:
+    """The team's set as a user makes it: `new` on a tree that carries the DSpark set and edits
+    vllm/envs.py (which DSpark changes too) and vllm/logger.py; then a person marks it reviewed."""
     where = tmp_path_factory.mktemp("team")
     tree = patched033.copy(where / "tree" / "site-packages")
-    write_set(where / "patches", "team-envs", team_edit(tree), requires=(DSPARK,))
+    for path, (_before, after) in team_edit(tree).items():
+        assert after is not None
+        replace_file(tree / path, after)
+    made = run("new", "team-envs", "--root", str(tree), "--wheel", str(wheel("0.33.0")), "--out", str(where / "patches"))
+    assert made.returncode == 0, made.stderr
+    toml = where / "patches" / "team-envs" / "patch.toml"
+    toml.write_text(toml.read_text().replace('review = "unreviewed"', 'review = "reviewed"'))
     return {"DSPARK_PATCH_PATH": str(where / "patches")}
 
 

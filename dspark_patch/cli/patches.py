@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -14,6 +15,7 @@ from . import common, output
 def register(app: typer.Typer) -> None:
     app.command("list")(list_patch_sets)
     app.command("show")(show)
+    app.command("new")(new)
     app.command("gc")(gc)
 
 
@@ -41,6 +43,29 @@ def show(patch_id: Annotated[str, typer.Argument(metavar="ID", help="A patch-set
                      f"{v.review}{origin}")
         for path, h in v.files.items():
             lines.append(f"  {path}\n    pre  {h.pre_sha256 or '(added)'}\n    post {h.post_sha256 or '(deleted)'}")
+    output.print_text("\n".join(lines))
+
+
+def new(
+    patch_id: Annotated[str, typer.Argument(metavar="ID", help="The new patch set's id (and folder name).")],
+    root: Annotated[Path, typer.Option("--root", help="The edited site-packages folder that holds vllm.")],
+    wheel: Annotated[Path, typer.Option("--wheel", help="The published wheel of the tree's release (pip download --no-deps vllm==RELEASE), diffed against.")],
+    out: Annotated[Path | None, typer.Option("--out", help="Where to write ID/ (default: the first folder of DSPARK_PATCH_PATH, else the current folder).")] = None,
+    as_json: common.JsonOpt = False,
+) -> None:
+    """Make a patch set from an edited installed tree: its diff against the published wheel, known patch sets already applied there recorded as `requires`, review = "unreviewed"."""
+    from ..pipeline.new_set import NewRequest, make
+
+    made = make(NewRequest(id=patch_id, root=str(root), wheel=str(wheel), out=None if out is None else str(out)))
+    if as_json:
+        output.print_json(json.dumps({"folder": str(made.folder), "release": made.release, "requires": list(made.requires),
+                                      "files": [{"path": p, "action": a} for p, a in made.files]}, indent=2))
+        return
+    lines = [f"wrote {made.folder} (vllm {made.release}, unreviewed)"]
+    if made.requires:
+        lines.append(f"requires {', '.join(made.requires)} (already applied in the tree)")
+    lines += [f"  {action:6} {path}" for path, action in made.files]
+    lines.append("read its diff, describe it in patch.toml, then set review = \"reviewed\"")
     output.print_text("\n".join(lines))
 
 

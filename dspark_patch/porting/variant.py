@@ -22,9 +22,9 @@ from ..patching.plan import plan_patch
 
 @dataclass(frozen=True, kw_only=True)
 class CandidateFile:
-    path: str     # relative to the site folder, as the diff names it
-    pre: bytes    # the target release's pristine file
-    post: bytes   # the resolved candidate
+    path: str            # relative to the site folder, as the diff names it
+    pre: bytes | None    # the target release's pristine file (None: the diff adds it)
+    post: bytes | None   # the resolved candidate (None: the diff deletes it)
 
 
 def make_diff(files: tuple[CandidateFile, ...]) -> bytes:
@@ -43,10 +43,13 @@ def make_diff(files: tuple[CandidateFile, ...]) -> bytes:
 def _diff_one(f: CandidateFile) -> bytes:
     with tempfile.TemporaryDirectory(prefix="dspark-port-diff-") as tmp:
         pre, post = Path(tmp) / "pre", Path(tmp) / "post"
-        pre.write_bytes(f.pre)
-        post.write_bytes(f.post)
+        pre.write_bytes(f.pre or b"")
+        post.write_bytes(f.post or b"")
+        # An added (deleted) file's other side is /dev/null, as diff -N and git write it.
+        old = "/dev/null" if f.pre is None else f"a/{f.path}"
+        new = "/dev/null" if f.post is None else f"b/{f.path}"
         try:
-            done = subprocess.run(["diff", "-u", "--label", f"a/{f.path}", "--label", f"b/{f.path}", str(pre), str(post)],
+            done = subprocess.run(["diff", "-u", "--label", old, "--label", new, str(pre), str(post)],
                                   capture_output=True, timeout=120)
         except FileNotFoundError:
             raise EnvironmentProblem("port needs GNU diff (diffutils) to write the variant's diff",
@@ -56,7 +59,10 @@ def _diff_one(f: CandidateFile) -> bytes:
     return done.stdout
 
 
-def sha256(data: bytes) -> str:
+def sha256(data: bytes | None) -> str:
+    """A port's files are all modified (both sides there); an absent side is an error here."""
+    if data is None:
+        raise ValueError("a ported file has both a pre- and a post-image")
     return hashlib.sha256(data).hexdigest()
 
 

@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from .. import references
 from ..errors import UnsupportedRelease
 from ..inside.integrity import added_files, own_folders
-from ..patchset import FileHashes, PatchSet, known
+from ..patchset import PatchSet, known
 from ..report.status_model import PatchSetState
+from ..series import state_of
 from ..targets.views.site_files import SiteFiles
 from .bytecode import check as check_bytecode
 from .bytecode import not_verified_line
@@ -43,68 +44,9 @@ class Assessment:
 
 
 def patch_set_state(patchset: PatchSet, site: SiteFiles, others: Sequence[PatchSet] = ()) -> PatchSetState:
-    """`others`: the other known patch sets. In a series a file may be changed again by a later
-    set that requires this one (this one is then applied under it: the file is that set's
-    reviewed post-image), and a file this one changes may have been changed first by a set it
-    requires (this one is then absent while the file is that set's reviewed pre-image)."""
-    try:
-        variant = patchset.variant_for(site.release)
-    except UnsupportedRelease:
-        return "not-applicable"
-    applied_as, absent_as = _in_series(patchset, others, site.release)
-    pre = post = neither = 0
-    for path, expected in variant.files.items():
-        actual = site.hashes.get(path)
-        if actual == expected.post_sha256 or actual in applied_as.get(path, ()):
-            post += 1
-        elif actual == expected.pre_sha256 or actual in absent_as.get(path, ()):
-            pre += 1
-        else:
-            neither += 1
-    if neither:
-        return "drifted"
-    if pre and post:
-        return "partial"
-    return "applied" if post else "absent"
-
-
-def _in_series(patchset: PatchSet, others: Sequence[PatchSet],
-               release: str) -> tuple[dict[str, set[str | None]], dict[str, set[str | None]]]:
-    """Per file of `patchset`: the reviewed post-images of the sets that require it (directly or
-    through another) and change the file too; the reviewed pre-images of the sets it requires
-    that change the file."""
-    by_id = {p.id: p for p in others if p.id is not None}
-    if patchset.id is not None:
-        by_id[patchset.id] = patchset
-
-    def required(p: PatchSet) -> set[str]:
-        seen: set[str] = set()
-        todo = list(p.requires)
-        while todo:
-            pid = todo.pop()
-            if pid not in seen and pid in by_id:
-                seen.add(pid)
-                todo.extend(by_id[pid].requires)
-        return seen
-
-    def files(p: PatchSet) -> dict[str, FileHashes]:
-        try:
-            return p.variant_for(release).files
-        except UnsupportedRelease:
-            return {}
-
-    applied_as: dict[str, set[str | None]] = {}
-    absent_as: dict[str, set[str | None]] = {}
-    for other in by_id.values():
-        if other is patchset:
-            continue
-        if patchset.id in required(other):
-            for path, hashes in files(other).items():
-                applied_as.setdefault(path, set()).add(hashes.post_sha256)
-        if other.id in required(patchset):
-            for path, hashes in files(other).items():
-                absent_as.setdefault(path, set()).add(hashes.pre_sha256)
-    return applied_as, absent_as
+    """series.state_of on the site folder's files: a file a later set changes again, or first
+    changed by a set this one requires, counts as in a series."""
+    return state_of(patchset, site.hashes, site.release, others)
 
 
 def _inside(path: str) -> bool:

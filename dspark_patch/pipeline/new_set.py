@@ -1,0 +1,244 @@
+"""`dspark-patch new ID --root DIR --wheel FILE`: a patch set made from an edited installed tree,
+as patch-package makes a patch from an edited node_modules.
+
+The tree is compared with the published wheel of its release (the reference `verify` uses: the
+wheel file given must be that very wheel, every file taken from it checked against it). Known
+patch sets already applied there are noticed (series.state_of): a file one of them changes is
+diffed from that set's result, and the set is recorded in `requires`, so the new set's
+`pre_sha256` is the hash after it, as a series needs. Added and deleted files are kept; bytecode
+is not part of a patch; a binary file is refused. The result is `OUT/ID/patch.toml` and the
+release's diff, `review = "unreviewed"` (a person reads it and marks it reviewed), checked to
+load back and to reproduce the tree from the wheel, in the series it requires, before it stays.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import zipfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import ownfiles, references
+from ..errors import BadInput, DsparkPatchError, HunkDoesNotApply, InvalidPatchSet, TargetNotFound, UnsafePatch
+from ..patching.diff import Diff, parse_diff
+from ..patching.plan import plan_one_way
+from ..patching.series_plan import plan_series
+from ..patchset import DIFF_LIMIT, PatchSet, available, is_id, load_dir
+from ..porting.variant import CandidateFile, make_diff
+from ..series import state_of
+from ..targets.views.from_folder import read_site
+
+DISTRIBUTION = "vllm"
+
+
+@dataclass(frozen=True, kw_only=True)
+class NewRequest:
+    id: str
+    root: str
+    wheel: str
+    out: str | None = None       # default: the first folder of DSPARK_PATCH_PATH, else "."
+
+
+@dataclass(frozen=True, kw_only=True)
+class NewSet:
+    folder: Path
+    release: str
+    requires: tuple[str, ...]
+    files: tuple[tuple[str, str], ...]    # (path, "modify" | "add" | "delete")
+
+
+def make(request: NewRequest) -> NewSet:
+    if not is_id(request.id):
+        raise BadInput(f"{request.id!r} is not a patch-set id: lower-case letters, digits, '.', '_' or '-'",
+                       hint="e.g. dspark-patch new team-envs --root ...")
+    out = _out_folder(request.out)
+    if os.path.lexists(out / request.id):
+        raise BadInput(f"{out / request.id} exists already; a new patch set never overwrites one",
+                       hint="choose another id, or remove that folder")
+    site = read_site(Path(request.root), DISTRIBUTION)
+    ref = references.find(site.distribution, site.release, references.wheel_hash(site.distribution, site.release, site.hashes))
+    if ref is None:
+        raise BadInput(references.no_reference(site.distribution, site.release,
+                                               references.wheel_hash(site.distribution, site.release, site.hashes)),
+                       hint="new diffs a tree against the published wheel of its release")
+    wheel = _Wheel(Path(request.wheel), ref)
+    applied = _applied(Path(site.location), site.hashes, site.release)
+    chain = _chain_result(applied, wheel, site.release)          # the files the applied sets give
+    owned = {p.split("/", 1)[0] for p in ref.files if "/" in p and not p.split("/", 1)[0].endswith((".dist-info", ".data"))}
+    changes: dict[str, tuple[bytes | None, bytes | None]] = {}
+    paths = sorted({p for p in (*ref.files, *site.hashes, *chain) if p.split("/", 1)[0] in owned and _source(p)})
+    root = Path(site.location)
+    for path in paths:
+        before = chain[path] if path in chain else (wheel.read(path) if path in ref.files else None)
+        now = site.hashes.get(path)
+        if now == (None if before is None else _sha(before)):
+            continue
+        after = ownfiles.read_regular(root / path, limit=DIFF_LIMIT, what=path) if now is not None else None
+        _text(path, before)
+        _text(path, after)
+        changes[path] = (before, after)
+    if not changes:
+        carried = f" plus {', '.join(p.id or '' for p in applied)}" if applied else ""
+        raise BadInput(f"{site.location} has no change beyond the published wheel {ref.wheel}{carried}: nothing to make",
+                       hint="edit the installed files first, then run new on that tree")
+    requires = tuple(p.id or "" for p in applied if set(_files(p, site.release)) & set(changes))
+    folder = _write(out, request.id, site.release, requires, changes)
+    _check(folder, applied, changes, chain, wheel, site.release)
+    return NewSet(folder=folder, release=site.release, requires=requires,
+                  files=tuple((p, "add" if b is None else "delete" if a is None else "modify")
+                              for p, (b, a) in sorted(changes.items())))
+
+
+def _out_folder(out: str | None) -> Path:
+    if out is not None:
+        return Path(out)
+    first = next((e for e in os.environ.get("DSPARK_PATCH_PATH", "").split(os.pathsep) if e), None)
+    return Path(first) if first else Path(".")
+
+
+class _Wheel:
+    """The published wheel's files, each checked against the reference before it is used."""
+
+    def __init__(self, path: Path, ref: references.Reference) -> None:
+        if not path.is_file():
+            raise TargetNotFound(f"--wheel {path}: no such file",
+                                 hint=f"give {ref.wheel} (pip download --no-deps {ref.distribution}=={ref.release})")
+        try:
+            self._zip = zipfile.ZipFile(path)
+        except (zipfile.BadZipFile, OSError) as exc:
+            raise BadInput(f"--wheel {path}: not a readable wheel ({exc})", hint=f"give {ref.wheel}") from None
+        self._path, self._ref = path, ref
+
+    def has(self, name: str) -> bool:
+        return name in self._ref.files
+
+    def read(self, name: str) -> bytes:
+        expected = self._ref.files[name][0]
+        try:
+            data = self._zip.read(name)
+        except KeyError:
+            data = b""
+        if _sha(data) != expected:
+            raise BadInput(f"--wheel {self._path}: {name} is not the published {self._ref.wheel}'s",
+                           hint=f"give the published wheel {self._ref.wheel} (pip download --no-deps "
+                                f"{self._ref.distribution}=={self._ref.release})")
+        return data
+
+
+def _applied(root: Path, hashes: Mapping[str, str], release: str) -> list[PatchSet]:
+    """The known patch sets applied in the tree, in an order their `requires` allow. A set counts
+    as applied when each of its files is its reviewed post-image, or holds every one of its hunks
+    at zero fuzz (the edit being made went on over it)."""
+    known = [p for p in available() if not p.is_bare]
+    applied = [p for p in known
+               if state_of(p, hashes, release, known) == "applied" or _under_the_edit(p, root, hashes, release)]
+    ordered: list[PatchSet] = []
+    while applied:
+        ids = {a.id for a in applied}
+        ready = [p for p in applied if not set(p.requires) & ids]
+        if not ready:
+            break
+        ordered.append(ready[0])
+        applied.remove(ready[0])
+    return ordered
+
+
+def _under_the_edit(patchset: PatchSet, root: Path, hashes: Mapping[str, str], release: str) -> bool:
+    try:
+        variant = patchset.variant_for(release)
+        diff = parse_diff(variant.diff, strip=patchset.strip)
+    except DsparkPatchError:
+        return False
+    for fp in diff.files:
+        if hashes.get(fp.path) == variant.files[fp.path].post_sha256:
+            continue
+        current = ownfiles.read_regular(root / fp.path, limit=DIFF_LIMIT, what=fp.path) if fp.path in hashes else None
+        try:
+            plan_one_way(Diff(files=(fp,), sha256=diff.sha256), {fp.path: current}.get, reverse=True)
+        except HunkDoesNotApply:
+            return False
+    return True
+
+
+def _files(patchset: PatchSet, release: str) -> Mapping[str, object]:
+    return patchset.variant_for(release).files
+
+
+def _chain_result(applied: list[PatchSet], wheel: _Wheel, release: str) -> dict[str, bytes | None]:
+    """Each file the applied sets change, as the wheel's file with those sets applied in order."""
+    if not applied:
+        return {}
+    steps = []
+    for patchset in applied:
+        variant = patchset.variant_for(release)
+        steps.append((patchset.id or "", parse_diff(variant.diff, strip=patchset.strip)))
+    paths = {f.path for _name, diff in steps for f in diff.files}
+    base = {path: wheel.read(path) if wheel.has(path) else None for path in paths}
+    plan = plan_series(steps, base.get)
+    return {f.path: f.post for f in plan.combined.files}
+
+
+def _source(path: str) -> bool:
+    return "/__pycache__/" not in f"/{path}" and not path.endswith((".pyc", ".pyo"))
+
+
+def _text(path: str, data: bytes | None) -> None:
+    if data is None:
+        return
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        data = b"\0"
+    if b"\0" in data:
+        raise UnsafePatch(f"{path} is a binary file; a patch set carries text diffs only",
+                          hint="take the binary change out of the tree, or ship it another way")
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _write(out: Path, pid: str, release: str, requires: tuple[str, ...],
+           changes: Mapping[str, tuple[bytes | None, bytes | None]]) -> Path:
+    diff = make_diff(tuple(CandidateFile(path=p, pre=b, post=a) for p, (b, a) in sorted(changes.items())))
+    name = f"{DISTRIBUTION}-{release}"
+    lines = [f'id = "{pid}"', f'title = "{pid}"',
+             f'summary = "made by dspark-patch new from an edited vLLM {release} tree; describe the change here"',
+             f'distribution = "{DISTRIBUTION}"']
+    if requires:
+        lines.append("requires = [" + ", ".join(f'"{r}"' for r in requires) + "]")
+    lines += ["", "[[variants]]", f'name = "{name}"', f'releases = ["{release}"]', f'diff = "{name}.patch"',
+              'review = "unreviewed"']
+    for path, (before, after) in sorted(changes.items()):
+        lines += ["", f'[variants.files."{path}"]']
+        if before is not None:
+            lines.append(f'pre_sha256 = "{_sha(before)}"')
+        if after is not None:
+            lines.append(f'post_sha256 = "{_sha(after)}"')
+    with ownfiles.open_folder(out) as parent:
+        with parent.sub(pid) as folder:
+            folder.write(f"{name}.patch", diff, new=True)
+            folder.write("patch.toml", ("\n".join(lines) + "\n").encode(), new=True)
+    return out / pid
+
+
+def _check(folder: Path, applied: list[PatchSet], changes: Mapping[str, tuple[bytes | None, bytes | None]],
+           chain: Mapping[str, bytes | None], wheel: _Wheel, release: str) -> None:
+    """The written set loads back and, placed on the wheel after the sets it requires, gives the
+    tree's files: else it is removed again (a bug here must not leave a set that lies)."""
+    try:
+        made = load_dir(folder)
+        variant = made.variant_for(release)
+        diff = parse_diff(variant.diff, strip=made.strip)
+        start = {path: chain[path] if path in chain else (wheel.read(path) if wheel.has(path) else None)
+                 for path in changes}
+        plan = plan_series([(made.id or "", diff)], start.get)
+        if {f.path: f.post for f in plan.combined.files} != {p: a for p, (_b, a) in changes.items()}:
+            raise InvalidPatchSet(f"{folder}: the written diff does not reproduce the tree",
+                                  hint="this is a bug in dspark-patch new; nothing was kept")
+    except BaseException:
+        with ownfiles.open_folder(folder.parent) as parent:
+            parent.remove_tree(folder.name)
+        raise
