@@ -12,14 +12,16 @@ Whether two sets change the same file is known only once a release's variants ar
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from . import ownfiles
-from .errors import InvalidSeries, UnsupportedRelease
-from .patchset import FileHashes, PatchSet, resolve
+from .errors import DsparkPatchError, HunkDoesNotApply, InvalidSeries, UnsupportedRelease
+from .patching.diff import Diff, parse_diff
+from .patching.plan import plan_one_way
+from .patchset import FileHashes, PatchSet, Variant, resolve
 
 SERIES_LIMIT = 1 << 16   # a series file lists a few patch sets, not megabytes of lines
 MAX_SETS = 64
@@ -47,7 +49,7 @@ class Series:
         todo = list(patchset.requires)
         while todo:
             pid = todo.pop()
-            if pid not in wanted:
+            if pid not in wanted and pid in by_id:   # a required set already upstream is not a member
                 wanted.add(pid)
                 todo.extend(by_id[pid].requires)
         return tuple(p for p in self.sets if p.id in wanted)
@@ -151,21 +153,23 @@ def _cycle(ids: dict[str, PatchSet]) -> list[str] | None:
 
 
 # A patch set's state in a tree, as status reports it (report/status_model.py PatchSetState).
-State = Literal["applied", "absent", "partial", "drifted", "not-applicable"]
+State = Literal["applied", "absent", "partial", "drifted", "not-applicable", "upstream"]
 
 
-def state_of(patchset: PatchSet, hashes: Mapping[str, str], release: str, others: Sequence[PatchSet] = ()) -> State:
+def state_of(patchset: PatchSet, hashes: Mapping[str, str], release: str, others: Sequence[PatchSet] = (),
+             read: Callable[[str], bytes | None] | None = None) -> State:
     """A patch set's state in a tree (`hashes`: sha256 of its files by path, `release`: its
     version): every file the reviewed post-image -> applied, every file the pre-image -> absent,
     some of each -> partial, any file neither -> drifted; no variant for the release ->
-    not-applicable. `others`: the other known patch sets. In a series a file may be changed again by a later
+    not-applicable, or `upstream` when the tree already has its newest variant's change (`read`:
+    the tree's files, by path; see `upstream`). `others`: the other known patch sets. In a series a file may be changed again by a later
     set that requires this one (this one is then applied under it: the file is that set's
     reviewed post-image), and a file this one changes may have been changed first by a set it
     requires (this one is then absent while the file is that set's reviewed pre-image)."""
     try:
         variant = patchset.variant_for(release)
     except UnsupportedRelease:
-        return "not-applicable"
+        return "upstream" if read is not None and upstream(patchset, read, release) is not None else "not-applicable"
     applied_as, absent_as = _in_series(patchset, others, release)
     pre = post = neither = 0
     for path, expected in variant.files.items():
@@ -220,3 +224,33 @@ def _in_series(patchset: PatchSet, others: Sequence[PatchSet],
             for path, hashes in files(other).items():
                 absent_as.setdefault(path, set()).add(hashes.pre_sha256)
     return applied_as, absent_as
+
+
+def upstream(patchset: PatchSet, read: Callable[[str], bytes | None], release: str) -> Variant | None:
+    """The newest variant of a patch set that names no variant for `release`, when the tree
+    already has its change: every hunk found applied at zero fuzz and none still fitting
+    unapplied (no removed line left where it was). None otherwise: the set does not fit, or it
+    names the release, or it is a bare diff."""
+    if patchset.is_bare or any(release in v.releases for v in patchset.variants):
+        return None
+    newest = max(patchset.variants, key=lambda v: max((_release_key(r) for r in v.releases), default=()))
+    try:
+        diff = parse_diff(newest.diff, strip=patchset.strip)
+    except DsparkPatchError:
+        return None
+    for fp in diff.files:
+        one = Diff(files=(fp,), sha256=diff.sha256)
+        try:
+            plan_one_way(one, read, reverse=True)
+        except HunkDoesNotApply:
+            return None
+        try:
+            plan_one_way(one, read)
+        except HunkDoesNotApply:
+            continue
+        return None
+    return newest
+
+
+def _release_key(release: str) -> tuple[int | str, ...]:
+    return tuple(int(part) if part.isdigit() else part for part in release.replace("-", ".").split("."))

@@ -38,6 +38,7 @@ from .resolve import ImageSource, LocalSource, Source
 from .runlog import ResultCallback, RunLog, StepCallback, target_report, with_distribution
 from .series_steps import Folded, plan_checked
 from .shared_steps import (
+    AllUpstream,
     CachingReader,
     EarlyStart,
     Prepared,
@@ -50,6 +51,7 @@ from .shared_steps import (
     probe_step,
     sha256_of,
 )
+from .upstream_steps import nothing_to_carry, verify_upstream
 
 
 def apply(request: ApplyRequest, *, source: Source, on_step: StepCallback | None = None,
@@ -205,9 +207,15 @@ def _apply(request: ApplyRequest, target: Target, run: RunLog, on_result: Result
     if under is not None:
         run.update(target=replace(run.draft.target, image=under.source))
     early = EarlyStart(target, wanted=request.probe and not request.dry_run)
-    prepared = prepare(
-        run, target, request.patches, request.strip, series_file=request.series, after_load=early,
-        allow_unknown_base=request.allow_unknown_base, allow_unreviewed=request.allow_unreviewed)
+    try:
+        prepared = prepare(
+            run, target, request.patches, request.strip, series_file=request.series, after_load=early,
+            allow_unknown_base=request.allow_unknown_base, allow_unreviewed=request.allow_unreviewed)
+    except AllUpstream as upstream:
+        early.cancel()
+        return nothing_to_carry(request, target, run, upstream.dist)
+    if prepared.patchset.probe is None:
+        early.cancel()   # the set that brought a probe is upstream: nothing of it runs
     patchset, policy, dist, variant, diff = (prepared.patchset, prepared.policy, prepared.dist, prepared.variant,
                                              prepared.diff)
     for member, its_variant in _admitted(prepared):
@@ -312,7 +320,11 @@ def _plan_series(ctx: ApplyContext, folded: Folded) -> PatchPlan:
 
 def _verify(request: VerifyRequest, target: Target, run: RunLog) -> AuditReport:
     early = EarlyStart(target, wanted=request.probe)  # it overlaps the integrity walk
-    prepared = prepare(run, target, request.patches, request.strip, series_file=request.series, after_load=early)
+    try:
+        prepared = prepare(run, target, request.patches, request.strip, series_file=request.series, after_load=early)
+    except AllUpstream as upstream:
+        early.cancel()
+        return verify_upstream(target, run, upstream.dist)
     patchset, policy, dist, variant, diff = (prepared.patchset, prepared.policy, prepared.dist, prepared.variant,
                                              prepared.diff)
     for member, its_variant in _admitted(prepared):

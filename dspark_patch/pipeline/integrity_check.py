@@ -181,7 +181,7 @@ def integrity_problems(i: IntegrityReport) -> list[str]:
             *i.installer_findings, *i.stale_bytecode]
 
 
-def check_base(run: RunLog, target: Target, dist: Distribution, diff: Diff, variant: Variant,
+def check_base(run: RunLog, target: Target, dist: Distribution, diff: Diff, variant: Variant | None,
                policy: CheckPolicy) -> None:
     """apply, before anything is written: the tree must be the published wheel, checked as
     verify checks it (every file against the shipped reference, the RECORD against the same,
@@ -193,7 +193,8 @@ def check_base(run: RunLog, target: Target, dist: Distribution, diff: Diff, vari
     A bare diff (no release named) or `--allow-unknown-base` (the policy's `base_waiver`): the
     findings are notes and the tree is patched; a release with no reference: a note (nothing to check against)."""
     with run.step("integrity"):
-        i = check_integrity(target, dist, diff, policy.checked_variant(variant), pre_image=True)
+        i = check_integrity(target, dist, diff, None if variant is None else policy.checked_variant(variant),
+                            pre_image=True)
         if i.reference is None:
             run.notes.extend(f"{u}; patched on the reviewed pre-image hashes alone" for u in i.unverified)
             return

@@ -53,6 +53,8 @@ def prepare(run: RunLog, target: Target, patches: tuple[str, ...], strip: int | 
     with run.step("locate"):
         dist = target.locate(lead.distribution)
     run.update(target=with_distribution(run.draft.target, dist))
+    series = _carried(series, target, dist, run)
+    lead = next((p for p in series if p.probe is not None), series.sets[0])
     if len(series) == 1:
         variant, diff = select_variant(lead, policy, dist, strip, run)
         return Prepared(patchset=lead, policy=policy, dist=dist, variant=variant, diff=diff)
@@ -67,6 +69,32 @@ def prepare(run: RunLog, target: Target, patches: tuple[str, ...], strip: int | 
                                         review=m.variant.review) for m in chosen))
     return Prepared(patchset=folded.patchset, policy=policy, dist=dist, variant=folded.variant, diff=folded.diff,
                     folded=folded)
+
+
+class AllUpstream(Exception):
+    """Every patch set named is upstream in the installed release: there is nothing to carry
+    (the notes say so). Not an error: apply and verify end on it as they end on a tree that
+    carries the patch."""
+
+    def __init__(self, dist: Distribution) -> None:
+        super().__init__(dist.version)
+        self.dist = dist
+
+
+def _carried(series: series_mod.Series, target: Target, dist: Distribution, run: RunLog) -> series_mod.Series:
+    """The members still to carry: a patch set with no variant for the installed release whose
+    change that release already has is upstream, skipped with a note naming the release."""
+    kept = []
+    for patchset in series:
+        found = series_mod.upstream(patchset, target.read, dist.version)
+        if found is None:
+            kept.append(patchset)
+        else:
+            run.notes.append(f"{series_mod.name_of(patchset)} is upstream in {dist.name} {dist.version}: the release "
+                             f"already has the change of its variant {found.name}; skipped")
+    if not kept:
+        raise AllUpstream(dist)
+    return series_mod.Series(tuple(kept))
 
 
 def _member_source(patchset: PatchSet, variant: Variant) -> str:

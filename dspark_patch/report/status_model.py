@@ -13,8 +13,9 @@ from .evidence import redact, redact_all
 STATUS_SCHEMA = "dspark-patch/status/v1"
 
 # applied: every file is its post-image; absent: every file is its pre-image; partial: some of
-# each; drifted: a file is neither; not-applicable: the patch set has no variant for the release.
-PatchSetState = Literal["applied", "absent", "partial", "drifted", "not-applicable"]
+# each; drifted: a file is neither; not-applicable: the patch set has no variant for the release;
+# upstream: it has none, and the release already has its newest variant's change.
+PatchSetState = Literal["applied", "absent", "partial", "drifted", "not-applicable", "upstream"]
 # With `status --key`, per applied patch set: yes, a valid signed attestation is attached to the
 # image's manifest in its registry; no, none is; invalid, one is but it does not hold (a finding).
 AttestedState = Literal["yes", "no", "invalid"]

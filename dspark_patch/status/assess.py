@@ -46,7 +46,7 @@ class Assessment:
 def patch_set_state(patchset: PatchSet, site: SiteFiles, others: Sequence[PatchSet] = ()) -> PatchSetState:
     """series.state_of on the site folder's files: a file a later set changes again, or first
     changed by a set this one requires, counts as in a series."""
-    return state_of(patchset, site.hashes, site.release, others)
+    return state_of(patchset, site.hashes, site.release, others, read=site.retained.get)
 
 
 def _inside(path: str) -> bool:
