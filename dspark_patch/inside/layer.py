@@ -1,11 +1,14 @@
-"""Write the new image layer, as a tar, to stdout: the given files and every folder above them.
+"""Write the new image layer, as a tar, to a new file: the given files and every folder above them.
 
 Each entry carries the owner, mode and mtime it has in this container (the files were written
 keeping the pre-image's owner and mode; folders are as the image has them), so the layer is what
 `docker commit` would have taken from the container for these paths and nothing else.
 A path after `--delete` is written as a whiteout (`.wh.NAME`, an empty file beside it), the OCI
 layer's way of removing a file the lower layers hold.
-Usage: python -B -c SOURCE [--delete PATH]... FILE... (absolute paths); the tar on stdout.
+Usage: python -B -c SOURCE [--delete PATH]... FILE... (absolute paths). The tar goes to a new
+temporary file (never through the exec's output stream, which some engines' exec attach
+corrupts for large binary output); stdout is one JSON line naming it, with its sha256 and size,
+for the host to read it through the engine's archive API and check it.
 """
 
 import os
@@ -57,6 +60,19 @@ def _parse(argv):
 
 
 if __name__ == "__main__":
+    import hashlib
+    import json
+    import tempfile
+
     files, gone = _parse(sys.argv[1:])
-    layer(files, gone, sys.stdout.buffer)
-    sys.stdout.buffer.flush()
+    fd, where = tempfile.mkstemp(prefix=".dspark-layer-", suffix=".tar")
+    with os.fdopen(fd, "w+b") as out:
+        layer(files, gone, out)
+        out.flush()
+        out.seek(0)
+        digest = hashlib.sha256()
+        size = 0
+        for chunk in iter(lambda: out.read(1 << 20), b""):
+            digest.update(chunk)
+            size += len(chunk)
+    print(json.dumps({"path": where, "sha256": digest.hexdigest(), "size": size}))

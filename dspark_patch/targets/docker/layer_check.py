@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import threading
 from collections.abc import Iterable
 
@@ -18,6 +19,7 @@ from ..layers import TarStream
 from ..layers.scan import scan_layer
 from ..views.from_layers import merge_scans, status_retain
 from .client import DockerEngine, ImageInfo
+from .container import WorkContainer
 from .save_views import save_layer_where, save_views
 
 
@@ -93,3 +95,29 @@ def layer_entries(layer: bytes) -> tuple[LayerEntry, ...]:
             digest = h.hexdigest()
         entries.append(LayerEntry(path="/" + member.name, folder=member.kind == "dir", sha256=digest))
     return tuple(entries)
+
+
+def fetch_layer(container: WorkContainer, answer: bytes) -> bytes:
+    """The layer tar the image's python wrote to a temporary file, read through the engine's
+    archive API and checked against the sha256 and size it gave, then removed. (An exec's
+    output stream is no channel for it: Podman 4's exec attach corrupts large binary output
+    now and then, a frame header inside the data.)"""
+    try:
+        said = json.loads(answer)
+        where, sha, size = str(said["path"]), str(said["sha256"]), int(said["size"])
+    except (ValueError, TypeError, KeyError):
+        raise CheckFailed("taking the new layer from the container failed: the image's python did not say "
+                          f"where it wrote it ({answer[:200]!r})", hint="nothing was committed") from None
+    if not where.startswith("/") or ".." in where.split("/"):
+        raise CheckFailed(f"taking the new layer from the container failed: {where[:200]!r} is no temporary file",
+                          hint="nothing was committed")
+    try:
+        copied = container.copy_out(where)
+    finally:
+        container.delete(where)
+    data = copied[0] if copied is not None else b""
+    if len(data) != size or hashlib.sha256(data).hexdigest() != sha:
+        raise EnvironmentProblem(f"the new layer read from the container ({len(data)} bytes) is not the one the "
+                                 f"image's python wrote ({size} bytes, sha256 {sha[:16]})",
+                                 hint="nothing was committed; run again, and look at the engine's log if it recurs")
+    return data

@@ -321,7 +321,7 @@ class ImageTarget:
             said = (result.stderr.decode(errors="replace").strip().splitlines() or [f"exit {result.returncode}"])[-1]
             raise CheckFailed(f"taking the new layer from the container failed: {said[-300:]}",
                               hint="nothing was committed; the image's python did not write the layer of the patched files")
-        self._layer = result.stdout
+        self._layer = layer_check.fetch_layer(self.container, result.stdout)
         return layer_check.layer_entries(self._layer)
 
     def source_labels(self) -> Mapping[str, str]:
