@@ -287,6 +287,7 @@ def _plan(ctx: ApplyContext) -> PatchPlan:
     if ctx.folded is not None:
         return _plan_series(ctx, ctx.folded)
     with ctx.run.step("plan"):
+        reader.prefetch(fp.path for fp in diff.files)
         if policy.hash_checks:  # before placing hunks: "not the reviewed file" is the clearer message
             check_known_images(diff, variant, ctx.dist, reader)
         # Files that are exactly the reviewed post-images are applied, even where a hunk's
@@ -308,6 +309,7 @@ def _plan_series(ctx: ApplyContext, folded: Folded) -> PatchPlan:
     """A series: each member placed on the result of the ones before it and held to its own
     reviewed hashes (series_steps.py); the folded variant's post-images then hold as for one set."""
     with ctx.run.step("plan"):
+        ctx.reader.prefetch(f.path for m in folded.members for f in m.diff.files)
         placed = plan_checked(folded.series, folded.members, ctx.reader, hash_checks=ctx.policy.hash_checks)
         plan = replace(placed.combined, diff_sha256=folded.diff.sha256)
         ctx.run.update(files=file_reports(plan, folded.variant))

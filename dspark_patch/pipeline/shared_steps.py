@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -123,6 +124,19 @@ class CachingReader:
             self._cache[path] = self._target.read(path)
         return self._cache[path]
 
+    def prefetch(self, paths: Iterable[str]) -> None:
+        """Read the files not read yet, at once (each an archive round trip on an image)."""
+        self._cache.update(read_many(self._target, [p for p in dict.fromkeys(paths) if p not in self._cache]))
+
+
+def read_many(target: Target, paths: list[str]) -> dict[str, bytes | None]:
+    """Several files of the target, read side by side (an image's reads are independent round
+    trips to the engine, as the write's own reads of the current files are)."""
+    if len(paths) <= 1:
+        return {path: target.read(path) for path in paths}
+    with ThreadPoolExecutor(max_workers=min(8, len(paths)), thread_name_prefix="dspark-patch-read") as pool:
+        return dict(zip(paths, pool.map(target.read, paths), strict=True))
+
 
 def patch_source(patchset: PatchSet, policy: CheckPolicy, variant: Variant) -> str:
     """The diff's path relative to its patch set's folder (a bare diff: its file name).
@@ -184,8 +198,9 @@ def check_written(target: Target, plan: PatchPlan) -> None:
     """After the write, each file of the plan read back from the tree: it must hold the planned
     post-image (gone, for a deletion). Two entries of a diff that are one file, or anything else
     that wrote there meanwhile, fail the run here (the caller restores the pre-images)."""
+    now = read_many(target, [fp.path for fp in plan.files])
     for fp in plan.files:
-        found = sha256_of(target.read(fp.path))
+        found = sha256_of(now[fp.path])
         if found != fp.post_sha256:
             raise CheckFailed(
                 f"{fp.path}: after the write it holds {found or 'nothing'}, not the planned post-image "
