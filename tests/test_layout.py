@@ -226,3 +226,17 @@ def test_views_and_caches_never_import_what_writes() -> None:
     wrong = [(m, d) for m in views | caches for d in GRAPH[m]
              if d.startswith(_WRITERS) or (m in caches and d in views)]
     assert wrong == []
+
+
+def test_no_module_of_the_pipeline_or_the_targets_outgrows_400_lines() -> None:
+    """The house's rule (docs/design.md): small modules; a file that grows past it is split."""
+    long = {m: n for m, p in MODULES.items() if m.split(".")[1:2] in (["pipeline"], ["targets"])
+            and (n := len(p.read_text(encoding="utf-8").splitlines())) > 400}
+    assert long == {}
+
+
+def test_applys_core_stays_a_short_list_of_steps() -> None:
+    """`_patch` (plan, base check, the outcome decided once, its steps) stays under 60 lines."""
+    tree = ast.parse(MODULES["dspark_patch.pipeline.commands"].read_text(encoding="utf-8"))
+    core = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "_patch")
+    assert core.end_lineno is not None and core.end_lineno - core.lineno + 1 < 60

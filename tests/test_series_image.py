@@ -78,6 +78,9 @@ def test_verify_passes_for_the_series_and_fails_for_one_set_alone(series_image, 
     ok = run("verify", "--image", tag, "--patch", DSPARK, "--patch", "team-envs", "--no-probe",
              "--report-dir", str(tmp_path / "series"), env=team)
     assert ok.returncode == 0, ok.stderr
+    named = run("verify", "--image", tag, "--no-probe", "--report-dir", str(tmp_path / "named"), "--json", env=team)
+    assert named.returncode == 0, named.stderr   # no set named: the series the labels name, each a known set
+    assert any(f"verifying what the image's labels name, {DSPARK} + team-envs" in n for n in named.json["notes"])
     alone = run("verify", "--image", tag, "--patch", DSPARK, "--no-probe", "--report-dir", str(tmp_path / "alone"),
                 env=team)
     line = alone.assert_clean_error(1)

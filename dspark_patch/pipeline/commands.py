@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 from ..errors import BadInput, CheckFailed, DsparkPatchError, ProbeFailed, VerifyMismatch
 from ..patching.plan import PatchPlan, plan_patch
-from ..patchset import PatchSet, Variant, resolve
+from ..patchset import resolve
 from ..report.model import AuditReport, FileReport, ImageRecord
 from ..targets.base import ImageCapable, Journaled, PullCallback, Target
 from ..targets.caches import seal
@@ -32,16 +32,15 @@ from .image_steps import (
     unimported_copies,
 )
 from .integrity_check import check_base, check_integrity, integrity_problems
-from .our_layer import OurLayer, UnderOurLayer, check_our_layer, our_layer, top_layer_scan
+from .our_layer import OurLayer, UnderOurLayer, check_our_layer, labelled, our_layer, top_layer_scan
 from .requests import ApplyRequest, ImageSpec, LocalSpec, ProbeRequest, TargetSpec, VerifyRequest
 from .resolve import ImageSource, LocalSource, Source
 from .runlog import ResultCallback, RunLog, StepCallback, target_report, with_distribution
-from .series_steps import Folded, plan_checked
+from .series_steps import Folded, admitted, plan_checked
 from .shared_steps import (
     AllUpstream,
     CachingReader,
     EarlyStart,
-    Prepared,
     check_known_images,
     check_post_images,
     file_reports,
@@ -218,7 +217,7 @@ def _apply(request: ApplyRequest, target: Target, run: RunLog, on_result: Result
         early.cancel()   # the set that brought a probe is upstream: nothing of it runs
     patchset, policy, dist, variant, diff = (prepared.patchset, prepared.policy, prepared.dist, prepared.variant,
                                              prepared.diff)
-    for member, its_variant in _admitted(prepared):
+    for member, its_variant in admitted(prepared.patchset, prepared.variant, prepared.folded):
         note = policy.admit(member, its_variant)
         if note is not None:
             run.notes.append(note)
@@ -269,13 +268,6 @@ def _patch(ctx: ApplyContext) -> AuditReport:
     return run_steps(ctx, outcome)
 
 
-def _admitted(prepared: Prepared) -> list[tuple[PatchSet, Variant]]:
-    """Each patch set apply is about to use, with its variant: the members of a series one by one."""
-    if prepared.folded is None:
-        return [(prepared.patchset, prepared.variant)]
-    return [(m.patchset, m.variant) for m in prepared.folded.members]
-
-
 def _outcome(ctx: ApplyContext) -> Outcome:
     if ctx.planned.status == "already-applied":
         return "already-applied"
@@ -322,14 +314,15 @@ def _plan_series(ctx: ApplyContext, folded: Folded) -> PatchPlan:
 
 def _verify(request: VerifyRequest, target: Target, run: RunLog) -> AuditReport:
     early = EarlyStart(target, wanted=request.probe)  # it overlaps the integrity walk
+    patches = request.patches or (labelled(target, run) if request.series is None else ())
     try:
-        prepared = prepare(run, target, request.patches, request.strip, series_file=request.series, after_load=early)
+        prepared = prepare(run, target, patches, request.strip, series_file=request.series, after_load=early)
     except AllUpstream as upstream:
         early.cancel()
         return verify_upstream(target, run, upstream.dist)
     patchset, policy, dist, variant, diff = (prepared.patchset, prepared.policy, prepared.dist, prepared.variant,
                                              prepared.diff)
-    for member, its_variant in _admitted(prepared):
+    for member, its_variant in admitted(prepared.patchset, prepared.variant, prepared.folded):
         if policy.unreviewed(its_variant):
             of = "" if prepared.folded is None else f" of {member.id}"
             run.notes.append(f"variant {its_variant.name}{of} is unreviewed: made by `dspark-patch port`, "

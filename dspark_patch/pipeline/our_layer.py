@@ -22,10 +22,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..errors import DsparkPatchError, StackedLayer
-from ..patchset import PatchSet, Variant, available, patched_paths
+from ..patchset import PatchSet, Variant, available, is_id, patched_paths
 from ..targets.base import Distribution, ImageCapable, ImageStore
 from ..targets.layers.scan import LayerScan, path_key
 from .image_steps import LABEL_PREFIX, SERIES_LABEL, series_ids
+from .runlog import RunLog
 from .shared_steps import cached_name
 
 
@@ -133,3 +134,23 @@ def top_layer_scan(store: ImageStore, image_id: str, diff_id: str, distribution:
             raise type(found)(f"image {image_id[:19]}: {found.message}; nothing was written", hint=found.hint)
         scan = cache.get(diff_id)
     return scan
+
+
+def labelled(target: object, run: RunLog) -> tuple[str, ...]:
+    """verify with no patch set named: the patch set or series an image's labels name, as ids of
+    known patch sets (said in a note); () for anything else (the shipped default then). Labels are
+    input: they only choose what is checked, and every check then holds against those sets."""
+    if not isinstance(target, ImageCapable):
+        return ()
+    labels = target.source_labels()
+    carried = labels.get(SERIES_LABEL)
+    try:
+        ids = tuple(str(m["id"]) for m in json.loads(carried)) if carried is not None else \
+            (str(labels.get(f"{LABEL_PREFIX}.patch.id", "")),)
+    except (ValueError, TypeError, KeyError):
+        return ()
+    known = {p.id for p in available()}
+    if not ids or len(ids) > 64 or not all(is_id(i) and i in known for i in ids):
+        return ()
+    run.notes.append(f"no patch set named: verifying what the image's labels name, {' + '.join(ids)}")
+    return ids

@@ -155,3 +155,10 @@ def fold(series: Series, chosen: tuple[Member, ...], dist: Distribution) -> Fold
     diff = Diff(files=tuple(FilePatch(path=path, action=actions[path], hunks=()) for path in files),
                 sha256=hashlib.sha256(raw).hexdigest())
     return Folded(patchset=patchset, variant=variant, diff=diff, series=series, members=chosen)
+
+
+def admitted(patchset: PatchSet, variant: Variant, folded: Folded | None) -> list[tuple[PatchSet, Variant]]:
+    """Each patch set a run uses, with its variant: a series' members one by one."""
+    if folded is None:
+        return [(patchset, variant)]
+    return [(m.patchset, m.variant) for m in folded.members]
