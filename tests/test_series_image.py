@@ -7,6 +7,7 @@ verifies; a layer someone put on top of ours is never dropped."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import uuid
@@ -165,3 +166,42 @@ def test_status_of_the_series_image_and_its_source(series_image, team) -> None:
     assert dict(rows[tag]["patch_sets"]) == {DSPARK: "applied", "team-envs": "applied"}
     assert dict(rows[fixture_image()]["patch_sets"]) == {DSPARK: "absent", "team-envs": "absent"}
     assert all(not r["unexplained"] and not r["missing"] and not r["added"] for r in rows.values())
+
+
+def test_new_makes_the_same_set_from_an_image_edited_in_a_container(client, patched033, tmp_path: Path,
+                                                                    tmp_path_factory) -> None:
+    """Someone edits the DSpark image in a container and commits it: `new --image` reads the
+    committed image (nothing run) and makes the set the same edit of a local tree makes."""
+    where = tmp_path_factory.mktemp("edited")
+    tree = patched033.copy(where / "tree" / "site-packages")
+    edit = team_edit(tree)
+    dspark_image = f"dspark-patch/test-series:{uuid.uuid4().hex[:10]}-dspark"
+    edited = f"{dspark_image}-edited"
+    done = run("apply", "--image", fixture_image(), "--patch", DSPARK, "--tag", dspark_image, "--no-probe",
+               "--report-dir", str(tmp_path / "a"))
+    assert done.returncode == 0, done.stderr
+    site = "/usr/local/lib/python3.11/dist-packages"
+    appended = {path: after[len(before or b""):].decode() for path, (before, after) in edit.items() if after is not None}
+    code = "".join(f"open({site + '/' + path!r}, 'a').write({text!r})\n" for path, text in appended.items())
+    container = client.containers.run(dspark_image, entrypoint=["python3", "-c", code], user="0", detach=True,
+                                      network_mode="none")
+    try:
+        assert container.wait()["StatusCode"] == 0
+        container.commit(repository=edited.split(":")[0], tag=edited.split(":")[1])
+    finally:
+        container.remove(force=True)
+    try:
+        made = run("new", "team-img", "--image", edited, "--wheel", str(wheel("0.33.0")), "--out", str(tmp_path / "out"),
+                   "--json")
+        assert made.returncode == 0, made.stderr
+        assert made.json["requires"] == [DSPARK]
+        assert made.json["files"] == [{"path": "vllm/envs.py", "action": "modify"},
+                                      {"path": "vllm/logger.py", "action": "modify"}]
+        shown = run("show", str(tmp_path / "out" / "team-img"), "--json")
+        files = shown.json["variants"][0]["files"]
+        for path, (before, after) in edit.items():
+            assert files[path]["pre_sha256"] == hashlib.sha256(before or b"").hexdigest()
+            assert files[path]["post_sha256"] == hashlib.sha256(after or b"").hexdigest()
+    finally:
+        for name in (edited, dspark_image):
+            client.images.remove(name, force=True)

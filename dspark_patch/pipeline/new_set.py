@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import os
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +29,7 @@ from ..patchset import DIFF_LIMIT, PatchSet, available, is_id, load_dir
 from ..porting.variant import CandidateFile, make_diff
 from ..series import state_of
 from ..targets.views.from_folder import read_site
+from ..targets.views.site_files import SiteFiles
 
 DISTRIBUTION = "vllm"
 
@@ -36,8 +37,9 @@ DISTRIBUTION = "vllm"
 @dataclass(frozen=True, kw_only=True)
 class NewRequest:
     id: str
-    root: str
     wheel: str
+    root: str | None = None      # an edited site-packages folder, or
+    image: str | None = None     # an image someone edited in a container and committed
     out: str | None = None       # default: the first folder of DSPARK_PATCH_PATH, else "."
 
 
@@ -53,36 +55,59 @@ def make(request: NewRequest) -> NewSet:
     if not is_id(request.id):
         raise BadInput(f"{request.id!r} is not a patch-set id: lower-case letters, digits, '.', '_' or '-'",
                        hint="e.g. dspark-patch new team-envs --root ...")
+    if (request.root is None) == (request.image is None):
+        raise BadInput("new takes exactly one of --root DIR and --image REF", hint="name the edited tree or image")
     out = _out_folder(request.out)
     if os.path.lexists(out / request.id):
         raise BadInput(f"{out / request.id} exists already; a new patch set never overwrites one",
                        hint="choose another id, or remove that folder")
-    site = read_site(Path(request.root), DISTRIBUTION)
-    ref = references.find(site.distribution, site.release, references.wheel_hash(site.distribution, site.release, site.hashes))
+    if request.root is not None:
+        root = Path(request.root)
+        site = read_site(root, DISTRIBUTION)
+        where = Path(site.location)
+        return _make(request, out, site, lambda paths: {
+            p: ownfiles.read_regular(where / p, limit=DIFF_LIMIT, what=p) for p in paths if p in site.hashes})
+    from ..targets import open_store
+
+    with open_store().open_reader(request.image or "") as reader:
+        site = reader.read_site(DISTRIBUTION)
+        return _make(request, out, site, lambda paths: dict(reader.read_site(DISTRIBUTION, retain=paths).retained))
+
+
+def _make(request: NewRequest, out: Path, site: SiteFiles, contents: Callable[[list[str]], Mapping[str, bytes]]) -> NewSet:
+    """`contents(paths)`: the tree's bytes of those files (one read of them all)."""
+    wheel_sha = references.wheel_hash(site.distribution, site.release, site.hashes)
+    ref = references.find(site.distribution, site.release, wheel_sha)
     if ref is None:
-        raise BadInput(references.no_reference(site.distribution, site.release,
-                                               references.wheel_hash(site.distribution, site.release, site.hashes)),
+        raise BadInput(references.no_reference(site.distribution, site.release, wheel_sha),
                        hint="new diffs a tree against the published wheel of its release")
     wheel = _Wheel(Path(request.wheel), ref)
-    applied = _applied(Path(site.location), site.hashes, site.release)
-    chain = _chain_result(applied, wheel, site.release)          # the files the applied sets give
     owned = {p.split("/", 1)[0] for p in ref.files if "/" in p and not p.split("/", 1)[0].endswith((".dist-info", ".data"))}
+    known = [p for p in available() if not p.is_bare]
+    # Every file that is not the wheel's, and every file a known set changes: read once.
+    wanted = {p for p, h in site.hashes.items() if p.split("/", 1)[0] in owned and _source(p)
+              and ref.files.get(p, ("",))[0] != h}
+    wanted |= {p for k in known for p in _files(k, site.release) if p in site.hashes}
+    tree = contents(sorted(wanted))
+    applied = _applied(known, tree, site.hashes, site.release)
+    chain = _chain_result(applied, wheel, site.release)          # the files the applied sets give
     changes: dict[str, tuple[bytes | None, bytes | None]] = {}
     paths = sorted({p for p in (*ref.files, *site.hashes, *chain) if p.split("/", 1)[0] in owned and _source(p)})
-    root = Path(site.location)
     for path in paths:
         before = chain[path] if path in chain else (wheel.read(path) if path in ref.files else None)
         now = site.hashes.get(path)
         if now == (None if before is None else _sha(before)):
             continue
-        after = ownfiles.read_regular(root / path, limit=DIFF_LIMIT, what=path) if now is not None else None
+        after = tree.get(path) if now is not None else None
+        if now is not None and (after is None or _sha(after) != now):
+            raise BadInput(f"{path} changed while it was read", hint="run new again on a tree nobody is editing")
         _text(path, before)
         _text(path, after)
         changes[path] = (before, after)
     if not changes:
         carried = f" plus {', '.join(p.id or '' for p in applied)}" if applied else ""
-        raise BadInput(f"{site.location} has no change beyond the published wheel {ref.wheel}{carried}: nothing to make",
-                       hint="edit the installed files first, then run new on that tree")
+        raise BadInput(f"{request.root or request.image} has no change beyond the published wheel {ref.wheel}{carried}: "
+                       "nothing to make", hint="edit the installed files first, then run new on that tree")
     requires = tuple(p.id or "" for p in applied if set(_files(p, site.release)) & set(changes))
     folder = _write(out, request.id, site.release, requires, changes)
     _check(folder, applied, changes, chain, wheel, site.release)
@@ -127,13 +152,13 @@ class _Wheel:
         return data
 
 
-def _applied(root: Path, hashes: Mapping[str, str], release: str) -> list[PatchSet]:
+def _applied(known: list[PatchSet], tree: Mapping[str, bytes], hashes: Mapping[str, str],
+             release: str) -> list[PatchSet]:
     """The known patch sets applied in the tree, in an order their `requires` allow. A set counts
     as applied when each of its files is its reviewed post-image, or holds every one of its hunks
     at zero fuzz (the edit being made went on over it)."""
-    known = [p for p in available() if not p.is_bare]
     applied = [p for p in known
-               if state_of(p, hashes, release, known) == "applied" or _under_the_edit(p, root, hashes, release)]
+               if state_of(p, hashes, release, known) == "applied" or _under_the_edit(p, tree, hashes, release)]
     ordered: list[PatchSet] = []
     while applied:
         ids = {a.id for a in applied}
@@ -145,7 +170,7 @@ def _applied(root: Path, hashes: Mapping[str, str], release: str) -> list[PatchS
     return ordered
 
 
-def _under_the_edit(patchset: PatchSet, root: Path, hashes: Mapping[str, str], release: str) -> bool:
+def _under_the_edit(patchset: PatchSet, tree: Mapping[str, bytes], hashes: Mapping[str, str], release: str) -> bool:
     try:
         variant = patchset.variant_for(release)
         diff = parse_diff(variant.diff, strip=patchset.strip)
@@ -154,9 +179,8 @@ def _under_the_edit(patchset: PatchSet, root: Path, hashes: Mapping[str, str], r
     for fp in diff.files:
         if hashes.get(fp.path) == variant.files[fp.path].post_sha256:
             continue
-        current = ownfiles.read_regular(root / fp.path, limit=DIFF_LIMIT, what=fp.path) if fp.path in hashes else None
         try:
-            plan_one_way(Diff(files=(fp,), sha256=diff.sha256), {fp.path: current}.get, reverse=True)
+            plan_one_way(Diff(files=(fp,), sha256=diff.sha256), tree.get, reverse=True)
         except HunkDoesNotApply:
             return False
     return True
