@@ -44,15 +44,22 @@ class Series:
     def before(self, patchset: PatchSet) -> tuple[PatchSet, ...]:
         """The members that come before `patchset` and that it requires, directly or through
         another member: the sets whose result its reviewed pre-images describe."""
-        by_id = {p.id: p for p in self.sets if p.id is not None}
-        wanted: set[str] = set()
-        todo = list(patchset.requires)
-        while todo:
-            pid = todo.pop()
-            if pid not in wanted and pid in by_id:   # a required set already upstream is not a member
-                wanted.add(pid)
-                todo.extend(by_id[pid].requires)
+        # a required set already upstream is not a member, and not followed
+        wanted = required_ids(patchset, {p.id: p for p in self.sets if p.id is not None})
         return tuple(p for p in self.sets if p.id in wanted)
+
+
+def required_ids(patchset: PatchSet, by_id: Mapping[str, PatchSet]) -> set[str]:
+    """The ids `patchset` requires, directly or through another set, among `by_id`'s sets (an id
+    not there is neither counted nor followed)."""
+    seen: set[str] = set()
+    todo = list(patchset.requires)
+    while todo:
+        pid = todo.pop()
+        if pid not in seen and pid in by_id:
+            seen.add(pid)
+            todo.extend(by_id[pid].requires)
+    return seen
 
 
 def name_of(patchset: PatchSet) -> str:
@@ -197,14 +204,7 @@ def _in_series(patchset: PatchSet, others: Sequence[PatchSet],
         by_id[patchset.id] = patchset
 
     def required(p: PatchSet) -> set[str]:
-        seen: set[str] = set()
-        todo = list(p.requires)
-        while todo:
-            pid = todo.pop()
-            if pid not in seen and pid in by_id:
-                seen.add(pid)
-                todo.extend(by_id[pid].requires)
-        return seen
+        return required_ids(p, by_id)
 
     def files(p: PatchSet) -> dict[str, FileHashes]:
         try:

@@ -268,13 +268,19 @@ def name_source(spec: ImageSpec, target: ImageCapable, run: RunLog, on_result: R
         raise
 
 
-def series_ids(label: str) -> str:
-    """The ids a series label names, for a message (a label is input: anything else is said as such)."""
+def label_ids(label: str) -> tuple[str, ...] | None:
+    """The ids a series label names, in order, as written; None when it is not such a list (a
+    label is input)."""
     try:
-        members = json.loads(label)
-        return " + ".join(str(m["id"]) for m in members)[:200]
+        return tuple(str(m["id"]) for m in json.loads(label))
     except (ValueError, TypeError, KeyError):
-        return "a malformed series label"
+        return None
+
+
+def series_ids(label: str) -> str:
+    """The ids a series label names, for a message (anything else is said as such)."""
+    ids = label_ids(label)
+    return "a malformed series label" if ids is None else " + ".join(ids)[:200]
 
 
 def _only(plan: PatchPlan, files: list[FilePlan]) -> PatchPlan:

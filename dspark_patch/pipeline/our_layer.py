@@ -25,7 +25,7 @@ from ..errors import DsparkPatchError, StackedLayer
 from ..patchset import PatchSet, Variant, available, is_id, patched_paths
 from ..targets.base import Distribution, ImageCapable, ImageStore
 from ..targets.layers.scan import LayerScan, path_key
-from .image_steps import LABEL_PREFIX, SERIES_LABEL, series_ids
+from .image_steps import LABEL_PREFIX, SERIES_LABEL, label_ids, series_ids
 from .runlog import RunLog
 from .shared_steps import cached_name
 
@@ -144,10 +144,8 @@ def labelled(target: object, run: RunLog) -> tuple[str, ...]:
         return ()
     labels = target.source_labels()
     carried = labels.get(SERIES_LABEL)
-    try:
-        ids = tuple(str(m["id"]) for m in json.loads(carried)) if carried is not None else \
-            (str(labels.get(f"{LABEL_PREFIX}.patch.id", "")),)
-    except (ValueError, TypeError, KeyError):
+    ids = label_ids(carried) if carried is not None else (str(labels.get(f"{LABEL_PREFIX}.patch.id", "")),)
+    if ids is None:
         return ()
     known = {p.id for p in available()}
     if not ids or len(ids) > 64 or not all(is_id(i) and i in known for i in ids):

@@ -117,12 +117,8 @@ SERIES_JOIN = "+"
 
 
 def fold(series: Series, chosen: tuple[Member, ...], dist: Distribution) -> Folded:
-    """The series as one patch set for `dist`'s release. A bare diff cannot be part of a series of
-    several (it names no hashes to chain), and at most one member may bring a probe."""
-    bare = [m.name for m in chosen if not m.reviewed]
-    if bare:
-        raise InvalidSeries(f"the bare diff {bare[0]} cannot be part of a series of several patch sets",
-                            hint="make it a patch set (patch.toml with its hashes) to put it in a series, or apply it alone")
+    """The series as one patch set for `dist`'s release (prepare has refused a bare diff among
+    several: it names no hashes to chain). At most one member may bring a probe."""
     distributions = {m.patchset.distribution for m in chosen}
     if len(distributions) > 1:
         raise InvalidSeries(f"the series patches {' and '.join(sorted(distributions))}; one run patches one distribution",

@@ -46,8 +46,9 @@ def prepare(run: RunLog, target: Target, patches: tuple[str, ...], strip: int | 
         series = series_mod.load(patches, series_file=series_file, strip=strip)
     lead = next((p for p in series if p.probe is not None), series.sets[0])
     policy = CheckPolicy.of(lead, allow_unknown_base=allow_unknown_base, allow_unreviewed=allow_unreviewed)
-    if len(series) > 1 and not policy.release_checks:
-        raise InvalidSeries(f"the bare diff {series_mod.name_of(lead)} cannot be part of a series of several patch sets",
+    bare = next((p for p in series if p.is_bare), None)
+    if len(series) > 1 and bare is not None:
+        raise InvalidSeries(f"the bare diff {series_mod.name_of(bare)} cannot be part of a series of several patch sets",
                             hint="make it a patch set (patch.toml with its hashes) to put it in a series, or apply it alone")
     if after_load is not None:
         after_load(lead)
@@ -99,7 +100,8 @@ def _carried(series: series_mod.Series, target: Target, dist: Distribution, run:
 
 
 def _member_source(patchset: PatchSet, variant: Variant) -> str:
-    return f"{patchset.id}/{variant.diff_path.relative_to(patchset.source.resolve()).as_posix()}"
+    """A series member's diff as the report names it: its id, then patch_source's path."""
+    return f"{patchset.id}/{patch_source(patchset, CheckPolicy.of(patchset), variant)}"
 
 
 @dataclass(frozen=True, kw_only=True)
