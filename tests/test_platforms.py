@@ -24,7 +24,7 @@ from dspark_patch.registry.platform_select import Platform
 from dspark_patch.report.render import read_report
 from tests.support.cli import run
 from tests.support.images import fixture_image
-from tests.support.index import INDEX_ANNOTATIONS, PLATFORMS, PublishedIndex, fixture_index, remove_images_from
+from tests.support.index import INDEX_ANNOTATIONS, PLATFORMS, PublishedIndex, fixture_index
 
 AMD64, ARM64 = "linux/amd64", "linux/arm64/v8"
 
@@ -34,10 +34,7 @@ pytestmark = [pytest.mark.engine, pytest.mark.registry, pytest.mark.emulation]
 @pytest.fixture(scope="module")
 def index(tmp_path_factory) -> PublishedIndex:
     with fixture_index(tmp_path_factory.mktemp("registry")) as published:
-        try:
-            yield published
-        finally:
-            remove_images_from(published.ref.split("/", 1)[0])
+        yield published
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import pytest
 
 from dspark_patch.registry.index import Registry, parse_index
 from tests.support.cli import run
-from tests.support.index import PublishedIndex, fixture_index, remove_images_from
+from tests.support.index import PublishedIndex, fixture_index
 from tests.support.team_sets import DSPARK, team_edit, write_set
 
 pytestmark = [pytest.mark.engine, pytest.mark.registry, pytest.mark.emulation]
@@ -21,10 +21,7 @@ pytestmark = [pytest.mark.engine, pytest.mark.registry, pytest.mark.emulation]
 @pytest.fixture(scope="module")
 def index(tmp_path_factory) -> PublishedIndex:
     with fixture_index(tmp_path_factory.mktemp("registry")) as published:
-        try:
-            yield published
-        finally:
-            remove_images_from(published.ref.split("/", 1)[0])
+        yield published
 
 
 @pytest.fixture(scope="module")

@@ -134,9 +134,13 @@ def publish_index(registry_host: str, *, repository: str = "dspark-patch/vllm-fi
 
 @contextmanager
 def fixture_index(workdir: Path, *, kind: str = DOCKER_LIST, attestation: bool = False) -> Iterator[PublishedIndex]:
-    """A fresh loopback registry holding the two-platform fixture index (for a module fixture)."""
+    """A fresh loopback registry holding the two-platform fixture index (for a module fixture);
+    at the end, the images runs pulled from it are removed (`remove_images_from`)."""
     with loopback_registry(workdir) as host:
-        yield publish_index(host, kind=kind, attestation=attestation)
+        try:
+            yield publish_index(host, kind=kind, attestation=attestation)
+        finally:
+            remove_images_from(host)
 
 
 def remove_images_from(host: str) -> None:
