@@ -1,12 +1,13 @@
 """Benchmark: what apply's read of the source image's layers with the strict reader costs.
 
-`apply --image` reads the source's layers as `status --via layers` does (pipeline/image_steps.py:
-LayerCheck, in a thread beside the other steps, waited for before the commit), keeping each
-layer's scan in the scan cache by diff_id. This runs `dspark-patch apply --image` on the fixture
-three ways, alternately for a few rounds: without the check (the same CLI with `LayerCheck`
-replaced by a no-op, in a subprocess), with it and every layer cached (the usual case once one
-status or apply run has read the image), and with it and an empty cache (a save of the whole
-image), and prints each time, the medians and their ratios to "without".
+`apply --image --strict-layers` reads the source's layers as `status --via layers` does
+(pipeline/image_steps.py: LayerCheck, in a thread beside the other steps, waited for before the
+commit), keeping each layer's scan in the scan cache by diff_id; without the option only cached
+scans are read. This runs `dspark-patch apply --image` on the fixture three ways, alternately for
+a few rounds: without the check (the same CLI with `LayerCheck` replaced by a no-op, in a
+subprocess), with it and every layer cached (the usual case once one status or apply run has
+read the image), and with it and an empty cache (a save of the whole image), and prints each
+time, the medians and their ratios to "without".
 
 Run: .venv/bin/python bench/apply_layer_check.py [ROUNDS] [--probe]   (needs the engine and the fixture)
 Not a test: timings vary with the machine; read the figures side by side.
@@ -43,7 +44,7 @@ def apply_seconds(ref: str, way: str, work: Path, probe: bool) -> float:
     start = time.perf_counter()
     done = subprocess.run([str(PY), "-c", WITHOUT if way == "without" else WITH, "apply", "--image", ref,
                            "--pull", "never", "--tag", TAG.format(way), "--force", "--report-dir", str(work / "r"),
-                           *([] if probe else ["--no-probe"])],
+                           *([] if probe else ["--no-probe"]), *([] if way == "without" else ["--strict-layers"])],
                           capture_output=True, text=True, check=False, env=env)
     seconds = time.perf_counter() - start
     if done.returncode != 0:

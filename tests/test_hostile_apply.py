@@ -114,11 +114,11 @@ def made(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
             subprocess.run(["docker", "rmi", "-f", tag, f"{tag}-out"], capture_output=True, check=False)
 
 
-def _refused(tag: str, report: Path, *, says: tuple[str, ...]) -> dict:
-    """apply on `tag` exits 1 with one line saying `says`; nothing tagged, no container left,
-    the source image's id unchanged. Returns the audit report."""
+def _refused(tag: str, report: Path, *, says: tuple[str, ...], extra: tuple[str, ...] = ()) -> dict:
+    """apply on `tag` (with `extra` options) exits 1 with one line saying `says`; nothing tagged,
+    no container left, the source image's id unchanged. Returns the audit report."""
     before = _inspect(tag)["Id"]
-    res = run("apply", "--image", tag, "--tag", f"{tag}-out", "--pull", "never", "--no-probe",
+    res = run("apply", "--image", tag, "--tag", f"{tag}-out", "--pull", "never", "--no-probe", *extra,
               "--report-dir", str(report))
     line = res.assert_clean_error(1)
     for text in says:
@@ -185,9 +185,28 @@ def test_apply_refuses_a_layer_the_strict_reader_refuses(made: dict[str, str], h
         audit = _refused(made[f"tar-{case}"], tmp_path / "a", says=says)
         assert audit["errors"][0]["kind"] == kind
         return
-    audit = _refused(made[f"tar-{case}"], tmp_path / "a", says=("layer", hostile_tops[case][7:19]))
+    audit = _refused(made[f"tar-{case}"], tmp_path / "a", says=("layer", hostile_tops[case][7:19]),
+                     extra=("--strict-layers",))
     assert audit["errors"][0]["kind"] == "hostile-layer", (case, audit["errors"])
     assert "write" in [s["name"] for s in audit["steps"] if s["status"] == "ok"]  # in the container only
+
+
+def test_without_strict_layers_a_cold_apply_says_it_did_not_read_the_layers(made: dict[str, str], tmp_path: Path) -> None:
+    """With an empty scan cache and no --strict-layers, apply reads no layer (that is a save of
+    the whole image): it works on what the engine unpacked, here the clean fixture plus a stray
+    file outside the site folder, and its report says the layers were not read and how to read
+    them. The same run with --strict-layers refuses the image, naming the layer."""
+    cache = {"DSPARK_PATCH_CACHE": str(tmp_path / "cache")}
+    tag = made["tar-v7 prefix"]
+    res = run("apply", "--image", tag, "--dry-run", "--pull", "never", "--no-probe", "--json",
+              "--report-dir", str(tmp_path / "a"), env=cache)
+    assert res.returncode == 0, res.stderr[-800:]
+    said = [n for n in res.json["notes"] if "layers were not read with the strict layer reader" in n]
+    assert said and "--strict-layers reads them" in said[0], res.json["notes"]
+    assert "of the image, " not in " ".join(res.json["notes"])   # no save was made
+    strict = run("apply", "--image", tag, "--dry-run", "--pull", "never", "--no-probe", "--strict-layers",
+                 "--report-dir", str(tmp_path / "s"), env=cache)
+    assert "layer" in strict.assert_clean_error(1)
 
 
 # --- new-layer-check: the new layer's check, with the image's own python against it ---------------

@@ -455,7 +455,7 @@ def test_a_link_loop_is_an_error_not_a_hang() -> None:
 # --- new-layer-check: the new layer apply takes ---------------------------------------------------
 def test_the_new_layers_check_refuses_differentials_and_opaque_folders(trees: dict[str, Path]) -> None:
     from dspark_patch.errors import CheckFailed
-    from dspark_patch.targets.docker.layer_check import layer_entries
+    from dspark_patch.targets.layers.new_layer import layer_entries
 
     path, data = _patched_member(trees)
     ok = layer_entries(hostile.layer([Dir(SITE), File(path, data), Whiteout(f"{SITE}/vllm/gone.py")]))
@@ -642,7 +642,7 @@ def test_the_new_layers_check_refuses_a_whiteout_of_a_folder_above_a_patched_fil
     from dspark_patch.patching.plan import plan_patch
     from dspark_patch.pipeline.image_steps import layer_changes
     from dspark_patch.targets.base import Distribution
-    from dspark_patch.targets.docker.layer_check import layer_entries
+    from dspark_patch.targets.layers.new_layer import layer_entries
 
     patchset = next(p for p in PATCHSETS if p.id == PATCH_ID)
     variant = patchset.variant_for("0.33.0")

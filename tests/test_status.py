@@ -370,12 +370,12 @@ def test_status_reads_an_image_made_by_apply_beside_its_source_in_one_save(sourc
 
 @pytest.mark.engine
 def test_status_of_an_image_apply_just_made_saves_nothing_and_says_what_reading_it_says(tmp_path: Path) -> None:
-    """apply keeps the scan of the layer it made beside its source's: the status a CI step runs
-    next reads no layer of the result (no save, no container), and its row is the row of a read
-    of the image's files through a container."""
+    """apply --strict-layers keeps the scan of the layer it made beside its source's: the status a
+    CI step runs next reads no layer of the result (no save, no container), and its row is the
+    row of a read of the image's files through a container."""
     tag = f"dspark-patch-test/status-applied:{secrets.token_hex(4)}"
     res = run("apply", "--image", images.fixture_image(), "--tag", tag, "--pull", "never", "--no-probe",
-              "--report-dir", str(tmp_path / "r"))
+              "--strict-layers", "--report-dir", str(tmp_path / "r"))
     assert res.returncode == 0, res.stderr
     try:
         result = json.loads((tmp_path / "r" / "audit.json").read_text())["result_image"]["id"]

@@ -82,6 +82,32 @@ def test_a_stop_during_an_apply_step_leaves_the_tree_as_it_was(step: str, sig: s
     assert not any("interrupted apply" in n for n in again.json["notes"]), again.json["notes"]
 
 
+LAYER_OUT_STEPS = ("write", "compile", "layer", "probe", "layer out")
+
+
+def test_with_layer_out_a_clean_run_takes_two_steps_more(vllm033_tree: Path, tmp_path: Path) -> None:
+    applied = cli.run("apply", "--root", str(vllm033_tree), "--python", PY, "--json", "--layer-out",
+                      str(tmp_path / "layer.tar"), "--report-dir", str(tmp_path / "a"))
+    steps = _steps_of(applied)
+    assert steps == (*APPLY_STEPS[:-1], "layer", "probe", "layer out") and set(LAYER_OUT_STEPS) <= set(steps)
+    assert (tmp_path / "layer.tar").is_file()
+
+
+@pytest.mark.parametrize("step", LAYER_OUT_STEPS)
+def test_a_stop_during_an_apply_with_layer_out_leaves_no_layer_file(step: str, vllm033_tree: Path,
+                                                                    tmp_path: Path) -> None:
+    """Up to the very end of the step that writes it: a run that does not end whole leaves neither
+    a changed tree nor a layer file (a layer of a tree that was put back would be a lie)."""
+    sig = signal.SIGTERM if len(step) % 2 else signal.SIGINT
+    before = _snapshot(vllm033_tree)
+    (tmp_path / "out").mkdir()
+    res = run_signalled_at(step, sig, "apply", "--root", str(vllm033_tree), "--python", PY, "--layer-out",
+                           str(tmp_path / "out" / "layer.tar"), "--report-dir", str(tmp_path / "r"))
+    _assert_stopped(res, sig, step)
+    assert _snapshot(vllm033_tree) == before
+    assert list((tmp_path / "out").iterdir()) == []   # no layer.tar, no temporary file beside it
+
+
 @pytest.mark.parametrize("sig", SIGNALS, ids=lambda s: s.name)
 @pytest.mark.parametrize("step", VERIFY_STEPS)
 def test_a_stop_during_a_verify_step_is_no_verdict(step: str, sig: signal.Signals, patched033_tree: Path,

@@ -30,6 +30,8 @@ def apply(
     platform: common.PlatformOpt = None,
     allow_unknown_base: Annotated[bool, typer.Option("--allow-unknown-base", help="Do not require the known pre-image hashes, nor the rest of the tree to be the published wheel; rely on zero-fuzz placement alone (the report says so).")] = False,
     allow_unreviewed: Annotated[bool, typer.Option("--allow-unreviewed", help="Apply a variant `dspark-patch port` made that no person has marked reviewed yet (the report says so).")] = False,
+    strict_layers: Annotated[bool, typer.Option("--strict-layers", help="Read every layer of the source image with the strict layer reader (as status --via layers does) even where the scan cache lacks it, and refuse what it refuses: a save of the whole image. Default: cached layers only.")] = False,
+    layer_out: Annotated[Path | None, typer.Option("--layer-out", help="With --root: also write the layer the patched files make (a tar: the files, their bytecode and the folders above them, owner and mode as the tree has them; a deleted file as a whiteout) to this file, for an image built without an engine. Written only when the run applies.")] = None,
     tag: Annotated[str | None, typer.Option("--tag", help="Name the patched image (--image only). For an index: the new index; each platform image is tagged TAG-OS-ARCH[-VARIANT].")] = None,
     force: Annotated[bool, typer.Option("--force-tag", "--force", help="Move an existing --tag to the new image (without it, a tag that exists, or that another run sets meanwhile, fails the run; it is never moved).")] = False,
     push: Annotated[bool, typer.Option("--push", help="Push --tag through the engine after committing. For an index: every platform image, then the new index (only if every platform passed).")] = False,
@@ -45,11 +47,17 @@ def apply(
     if sign_key is not None and (series is not None or len(patch or ()) > 1):
         raise BadInput("--sign-key signs the attestation of one patch set; a series cannot be signed yet",
                        hint="apply the series without --sign-key")
-    common.check_outputs(report_dir, junit)
+    if strict_layers and image is None:
+        raise BadInput("--strict-layers reads the layers of an image (--image); a local tree has none")
+    if layer_out is not None and (root is None or dry_run):
+        raise BadInput("--layer-out writes the layer of a local tree that apply patches: it needs --root and no --dry-run",
+                       hint="run apply --root SITE --layer-out FILE inside the image")
+    common.check_outputs(report_dir, junit, *(() if layer_out is None else (layer_out,)))
     request = pipeline.ApplyRequest(
         target=common.target_spec(root, image, python, pull=pull, tag=tag, force=force, push=push, platform=platform),
         patches=tuple(patch or ()), series=None if series is None else str(series), strip=strip, dry_run=dry_run, compile=not no_compile, probe=not no_probe,
-        allow_unknown_base=allow_unknown_base, allow_unreviewed=allow_unreviewed,
+        allow_unknown_base=allow_unknown_base, allow_unreviewed=allow_unreviewed, strict_layers=strict_layers,
+        layer_out=None if layer_out is None else str(layer_out),
         sign_key=str(sign_key) if sign_key else None, allow_open_key=allow_open_key,
     )
     folder = common.report_folder(report_dir, "apply")

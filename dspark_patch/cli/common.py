@@ -72,9 +72,9 @@ def pull_policy(value: str) -> PullPolicy:
     raise BadInput(f"--pull {value!r}: choose missing, always or never")
 
 
-def check_outputs(report_dir: Path | None, junit: Path | None = None) -> None:
+def check_outputs(report_dir: Path | None, junit: Path | None = None, *files: Path) -> None:
     """Refuse, before any work, a report folder (or the default one) that is or sits under a link,
-    or that holds a link under the name of a report file."""
+    or that holds a link under the name of a report file; the same for `junit` and `files`."""
     from .. import ownfiles
     from ..report import render
 
@@ -82,8 +82,9 @@ def check_outputs(report_dir: Path | None, junit: Path | None = None) -> None:
         ownfiles.check_folder(DEFAULT_REPORTS)
     else:
         ownfiles.check_names(report_dir, list(render.REPORT_FILES))
-    if junit is not None:
-        ownfiles.check_names(junit.parent, [junit.name])
+    for path in (junit, *files):
+        if path is not None:
+            ownfiles.check_names(path.parent, [path.name])
 
 
 def report_folder(report_dir: Path | None, command: str) -> Path:

@@ -23,8 +23,9 @@ def _runs(ctx: ApplyContext) -> str | None:
     return None
 
 
-def _on_image(ctx: ApplyContext) -> bool:
-    return ctx.image is not None
+def _takes_layer(ctx: ApplyContext) -> bool:
+    """An image (its result is the source plus this layer), or a local tree with --layer-out."""
+    return ctx.image is not None or ctx.layer_out is not None
 
 
 def _always(ctx: ApplyContext) -> bool:
@@ -60,8 +61,9 @@ def _compile(ctx: ApplyContext) -> None:
 
 def _take_layer(ctx: ApplyContext) -> None:
     # Taken before the probe runs: nothing the probe does can reach the layer.
-    assert ctx.image is not None
-    take_layer(ctx.image.target, ctx.dist, ctx.planned, ctx.pyc_before or {}, ctx.run)
+    taker = ctx.image.target if ctx.image is not None else ctx.layer_out
+    assert taker is not None
+    take_layer(taker, ctx.dist, ctx.planned, ctx.pyc_before or {}, ctx.run)
 
 
 def _probe(ctx: ApplyContext) -> None:
@@ -73,7 +75,7 @@ STEPS = (
     Step(name="write", run=_write, writes=True),
     Step(name="re-read", run=_reread),
     Step(name="compile", run=_compile, skip=lambda ctx: None if ctx.request.compile else "--no-compile"),
-    Step(name="layer", run=_take_layer, applies=_on_image),
+    Step(name="layer", run=_take_layer, applies=_takes_layer),
     Step(name="probe", run=_probe, skip=lambda ctx: ctx.probe_skipped),
 )
 
@@ -124,7 +126,14 @@ def close(ctx: ApplyContext, outcome: Outcome) -> None:
     elif outcome == "applied" and ctx.local is not None:
         # the report set first, then the run is whole (inside the steps: a failure rolls back)
         record = local_steps.probe_record(ctx.patchset, ctx.dist, ctx.planned, hash_checks=ctx.policy.hash_checks)
-        local_steps.settle(run, ctx.local, record, "applied", ctx.on_result)
+        written: list[str] = []   # the layer file, once this run has put it in place
+        try:
+            if ctx.layer_out is not None:
+                local_steps.write_layer(ctx, ctx.layer_out, written)
+            local_steps.settle(run, ctx.local, record, "applied", ctx.on_result)
+        except BaseException:
+            local_steps.drop_layer(written)   # the tree is put back: no layer of a run that did not end whole
+            raise
     elif outcome == "already-applied" and image is not None and image.spec.tag and not ctx.request.dry_run:
         name_source(image.spec, image.target, run, ctx.on_result)
 

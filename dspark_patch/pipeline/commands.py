@@ -234,13 +234,14 @@ def _apply(request: ApplyRequest, target: Target, run: RunLog, on_result: Result
     if image is not None:
         refuse_unimported(image.target, dist, run)
         started = refuse_runs_first(image.target, dist, run)
-    layers = LayerCheck(image.target, patchset.distribution, started=started) if image is not None else None
+    layers = LayerCheck(image.target, patchset.distribution, strict=request.strict_layers, started=started) \
+        if image is not None else None
     # A local tree: first finish or undo what an interrupted apply left (its journal).
     local = local_steps.recover(run, target, diff, dry_run=request.dry_run) \
         if isinstance(request.target, LocalSpec) and isinstance(target, Journaled) else None
     ctx = ApplyContext(request=request, target=target, run=run, on_result=on_result, patchset=patchset, policy=policy,
                        dist=dist, variant=variant, diff=diff, reader=CachingReader(target), early=early, image=image,
-                       local=local, layers=layers, folded=prepared.folded)
+                       local=local, layers=layers, folded=prepared.folded, layer_out=local_steps.layer_writer(request, target))
     try:
         return _patch(ctx)
     except CheckFailed:
@@ -263,6 +264,8 @@ def _patch(ctx: ApplyContext) -> AuditReport:
     ctx = replace(ctx, plan=_plan(ctx))
     check_base(run, ctx.target, ctx.dist, ctx.diff, ctx.variant, policy)
     outcome = _outcome(ctx)
+    if outcome != "applied" and ctx.layer_out is not None:
+        run.notes.append(f"--layer-out: no layer written ({outcome}: this run writes no file)")
     if outcome == "already-applied" and ctx.local is not None:
         return local_steps.already_applied(ctx, ctx.local)
     return run_steps(ctx, outcome)

@@ -13,7 +13,7 @@ from ..patching.plan import PatchPlan
 from ..patchset import PatchSet, Variant
 from ..targets.base import Distribution, ImageCapable, Journaled, Target
 from ..targets.recovery import Recovery
-from .image_steps import LayerCheck
+from .image_steps import LayerCheck, LayerWriter
 from .policy import CheckPolicy
 from .requests import ApplyRequest, ImageSpec
 from .runlog import ResultCallback, RunLog
@@ -63,6 +63,7 @@ class ApplyContext:
     plan: PatchPlan | None = None         # once planned
     pyc_before: dict[str, bytes | None] | None = None  # the bytecode before the write, for its restore
     folded: Folded | None = None          # a series of several patch sets: its members (patchset is the fold)
+    layer_out: LayerWriter | None = None  # a local tree whose layer --layer-out writes
 
     @property
     def planned(self) -> PatchPlan:

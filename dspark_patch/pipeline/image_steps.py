@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from typing import Protocol, runtime_checkable
 
 from .. import __version__
 from ..errors import LayerMismatch, UnimportedCopy, runs_first_message
@@ -16,8 +17,10 @@ from ..imageref import ImageRef
 from ..patching.plan import FilePlan, PatchPlan
 from ..patchset import PatchSet, Variant, available, patched_paths
 from ..report.model import ImageRecord, LayerChange, LayerReport, PatchReport
-from ..targets.base import Distribution, ImageCapable, LayerEntry, TargetInfo
+from ..targets.base import Distribution, ImageCapable, TargetInfo
 from ..targets.caches import proofs
+from ..targets.layers import LayersRead, TakenLayer
+from ..targets.layers.new_layer import LayerEntry
 from ..targets.views.site_folders import minor_version
 from .policy import CheckPolicy
 from .requests import ImageSpec
@@ -113,15 +116,20 @@ class LayerCheck:
     started when the distribution is located and joined before the commit (or the tag, or the
     end of a dry run), so that a save overlaps the base check, the write, compile and probe.
 
-    apply works on what the engine unpacked, but an image whose layers the reader refuses is
-    hostile (the audit of its result would be an error row): it is refused, nothing committed or
-    tagged. Kept by the predicate `status` keeps by, so both share the scan cache: an image whose
-    every layer a status or apply run already read is not saved again.
+    apply works on what the engine unpacked: the filesystem a container of the image sees, read
+    through the engine's archive API and the image's own python. An image whose layers the reader
+    refuses is hostile (the audit of its result through its layers would be an error row): it is
+    refused, nothing committed or tagged. The layers are read from the scan cache (kept by the
+    predicate `status` keeps by, so both share it) whenever it holds all of them; otherwise only
+    with `strict` (`apply --strict-layers`), since reading them is a save of the whole image and
+    a cold apply on a serving image of 10-30 GB would be that save (docs/status.md, "Why both").
+    Without it the layers are not read, and a note says so.
 
     `started`: what the image runs first (refuse_runs_first), asked beside the same steps and
     joined first: a finding there is refused the same way."""
 
-    def __init__(self, target: ImageCapable, distribution: str, *, started: StartedAnswer | None = None) -> None:
+    def __init__(self, target: ImageCapable, distribution: str, *, strict: bool = False,
+                 started: StartedAnswer | None = None) -> None:
         # The strict layer reader loads here, for an image, not with every local command.
         from ..targets.caches.scans import ScanCache
         from ..targets.views.from_layers import status_retain_identity
@@ -130,7 +138,8 @@ class LayerCheck:
         self._as_started = started   # the image's python as it starts (refuse_runs_first), joined here too
         self._retain = patched_paths(available())
         self._cache = ScanCache.from_env(status_retain_identity(distribution, self._retain))
-        self._saved = False
+        self._strict = strict
+        self._read: LayersRead | None = None
         self._error: BaseException | None = None
         self._stop = threading.Event()
         self._started = time.monotonic()
@@ -140,7 +149,8 @@ class LayerCheck:
 
     def _check(self) -> None:
         try:
-            self._saved = self._target.check_layers(self._distribution, self._retain, self._cache, stop=self._stop)
+            self._read = self._target.check_layers(self._distribution, self._retain, self._cache, save=self._strict,
+                                                   stop=self._stop)
         except BaseException as exc:  # raised in the caller's thread by join()
             self._error = exc
         finally:
@@ -166,12 +176,30 @@ class LayerCheck:
             self._thread.join()
             if self._error is not None:
                 raise self._error
-        if self._saved:  # else every layer's scan came from the scan cache (well under a second)
+        read = self._read
+        if read is not None and read.how == "saved":   # else from the scan cache (well under a second), or not read
             run.notes.append(f"the image's layers were read with the strict layer reader: a save of the image, "
                              f"{self._seconds:.1f} s beside the other steps (kept in the scan cache by diff_id)")
+        elif read is not None and read.how == "not-read":
+            run.notes.append(f"the image's layers were not read with the strict layer reader ({read.not_cached} of "
+                             f"{read.layers} not in the scan cache; reading them is a save of the whole image): what "
+                             "was checked is the filesystem a container of the image sees; --strict-layers reads "
+                             "them, as `status --via layers` does")
 
 
-def take_layer(target: ImageCapable, dist: Distribution, plan: PatchPlan, pyc_before: dict[str, bytes | None],
+class TakesLayer(Protocol):
+    """A target the new layer is taken from: an image's work container, or a local tree whose
+    layer `apply --root --layer-out` writes (LayerWriter)."""
+
+    def take_layer(self, paths: Sequence[str], deleted: Sequence[str] = ()) -> TakenLayer: ...
+
+
+@runtime_checkable
+class LayerWriter(TakesLayer, Protocol):
+    def write_layer(self, path: str) -> None: ...
+
+
+def take_layer(target: TakesLayer, dist: Distribution, plan: PatchPlan, pyc_before: dict[str, bytes | None],
                run: RunLog) -> None:
     """Take the new layer from the target: the planned files, their bytecode and folders.
 
@@ -184,9 +212,10 @@ def take_layer(target: ImageCapable, dist: Distribution, plan: PatchPlan, pyc_be
         bytecode = [pyc for pyc in bytecode_paths(_only(plan, kept), dist) if compiled]
         # A deleted module's bytecode goes with it (a whiteout for a path the image lacks is harmless).
         deleted = [fp.path for fp in gone] + bytecode_paths(_only(plan, gone), dist)
-        entries = target.take_layer([fp.path for fp in kept] + bytecode, deleted)
-        changes, unexpected = layer_changes(plan, dist, entries, deleted, pyc_before)
-        run.update(layer=LayerReport(ok=not unexpected, changes=changes, unexpected=unexpected))
+        layer = target.take_layer([fp.path for fp in kept] + bytecode, deleted)
+        changes, unexpected = layer_changes(plan, dist, layer.entries, deleted, pyc_before)
+        run.update(layer=LayerReport(ok=not unexpected, changes=changes, unexpected=unexpected,
+                                     diff_id=layer.diff_id, size=layer.size))
         if unexpected:
             shown = ", ".join(f"{c.kind} {c.path}" for c in unexpected[:5])
             raise LayerMismatch(

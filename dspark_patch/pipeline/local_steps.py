@@ -16,18 +16,22 @@ left, and call a tree "already applied" only once a probe has passed on exactly 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import os
 
-from ..errors import UnfinishedApply
+from ..errors import BadInput, UnfinishedApply
 from ..patching.diff import Diff
 from ..patching.plan import PatchPlan
 from ..patchset import PatchSet
 from ..probe.run import bundle
 from ..report.model import AuditReport, Status
-from ..targets.base import Distribution, Journaled
+from ..targets.base import Distribution, Journaled, Target
 from ..targets.probe_record import ProbeRecord
 from ..targets.recovery import Recovery
 from .context import UNWRITTEN, ApplyContext, LocalFlow
+from .image_steps import LayerWriter
+from .requests import ApplyRequest, ImageSpec
 from .runlog import ResultCallback, RunLog
 from .shared_steps import CachingReader, bytecode_paths, bytecode_restore_plan, compile_files, probe_step
 
@@ -139,3 +143,33 @@ def already_applied(ctx: ApplyContext, local: LocalFlow) -> AuditReport:
                 run.notes.append("the tree was already patched before this run; only its bytecode was put back")
         raise
     return run.report("already-applied")
+
+
+def write_layer(ctx: ApplyContext, writer: LayerWriter, written: list[str]) -> None:
+    """--layer-out: the layer the `layer` step took, written whole (the tree is patched, compiled
+    and probed by now; the run is not yet settled). Its path is added to `written` as soon as it
+    is in place, for `drop_layer` should the run still fail."""
+    path = ctx.request.layer_out
+    assert path is not None and ctx.run.draft.layer is not None
+    with ctx.run.step("layer out"):
+        writer.write_layer(path)
+        written.append(path)
+    ctx.run.notes.append(f"wrote the new layer to {path}: {ctx.run.draft.layer.size} bytes, {ctx.run.draft.layer.diff_id}")
+
+
+def drop_layer(written: list[str]) -> None:
+    """The layer file this run wrote, removed again: the run did not end whole (a file that was
+    there before the run is left alone unless this run had replaced it)."""
+    for path in written:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
+def layer_writer(request: ApplyRequest, target: Target) -> LayerWriter | None:
+    """The local tree whose layer --layer-out writes, or None (not asked)."""
+    if request.layer_out is None:
+        return None
+    if not isinstance(target, LayerWriter) or isinstance(request.target, ImageSpec):
+        raise BadInput("--layer-out writes the layer of a local tree (--root); an image's layer goes into the image",
+                       hint="drop --layer-out, or run apply --root inside the image")
+    return target

@@ -50,6 +50,11 @@ class ApplyRequest:
     probe: bool = True
     allow_unknown_base: bool = False
     allow_unreviewed: bool = False
+    # An image's layers through the strict layer reader even where the scan cache lacks them
+    # (a save of the whole image); without it only cached scans are read (image_steps.LayerCheck).
+    strict_layers: bool = False
+    # A local tree: also write the layer the patched files make (a tar) here, for `publish`.
+    layer_out: str | None = None
     # A private key (PEM): after the push, the in-toto statement is signed with it (DSSE) and
     # attached to each pushed manifest in the registry (pipeline/attestation.py).
     sign_key: str | None = None

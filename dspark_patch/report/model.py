@@ -171,6 +171,10 @@ class LayerReport:
     ok: bool
     changes: tuple[LayerChange, ...] = ()
     unexpected: tuple[LayerChange, ...] = ()
+    # The layer tar's sha256 ("sha256:<hex>", its diff_id in the image config) and size in bytes:
+    # what `apply --root --layer-out` wrote, or what `apply --image` appended.
+    diff_id: str | None = None
+    size: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from ..errors import DsparkPatchError
     from ..patching.plan import PatchPlan
     from .caches.scans import ScanCache
-    from .layers import LayerView
+    from .layers import LayersRead, LayerView, TakenLayer
     from .probe_record import ProbeRecord
     from .recovery import Recovery
     from .views.site_files import SiteFiles
@@ -75,14 +75,6 @@ class CommittedImage:
     ref: str                  # the tag given, or the id when committed without a tag
     id: str
     layers: int
-
-
-@dataclass(frozen=True, kw_only=True)
-class LayerEntry:
-    path: str                 # absolute, inside the image
-    folder: bool
-    sha256: str | None        # a file's content digest; None for a folder or a deletion
-    deleted: bool = False     # a whiteout: the layer removes this path
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -174,7 +166,7 @@ class ImageCapable(Target, Protocol):
     The pipeline checks for it once (`isinstance(target, ImageCapable)`) and hands the result
     to the image-only steps, which are typed with it."""
 
-    def take_layer(self, paths: Sequence[str], deleted: Sequence[str] = ()) -> tuple[LayerEntry, ...]:
+    def take_layer(self, paths: Sequence[str], deleted: Sequence[str] = ()) -> TakenLayer:
         """Take the new layer from the target as it is now: exactly the files `paths` (relative
         to `location`), a whiteout for each of `deleted`, and the folders above them, with their
         owner, mode and bytes. `commit`
@@ -186,11 +178,11 @@ class ImageCapable(Target, Protocol):
         """The source image's labels."""
         ...
 
-    def check_layers(self, distribution: str, retain: Iterable[str], cache: ScanCache, *,
-                     stop: threading.Event | None = None) -> bool:
+    def check_layers(self, distribution: str, retain: Iterable[str], cache: ScanCache, *, save: bool = True,
+                     stop: threading.Event | None = None) -> LayersRead:
         """Read the source image's layers with the strict layer reader and raise what it refuses;
-        layers `cache` holds are not read again. Whether the image had to be saved; setting
-        `stop` ends a read under way."""
+        layers `cache` holds are not read again, the others only if `save` (a save of the whole
+        image). How they were read; setting `stop` ends a read under way."""
         ...
 
     def cache_layer_scan(self, distribution: str, retain: Iterable[str], cache: ScanCache) -> None:

@@ -96,7 +96,9 @@ def write(root: Path, journal: Journal) -> None:
             folder.write(NAME, _encode(journal))
     except OSError as exc:
         raise EnvironmentProblem(f"cannot write the journal {path_of(root)}: {exc.strerror or exc}",
-                                 hint="apply needs to write into the site folder it patches") from None
+                                 hint="apply writes into the site folder it patches: run it as a user who can "
+                                 "(in an image whose USER cannot, as root: `docker run --user 0`, a CI job's "
+                                 "securityContext runAsUser: 0, a Dockerfile's USER root before the RUN)") from None
 
 
 def remove(root: Path) -> None:

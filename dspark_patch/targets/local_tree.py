@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import shutil
 import stat
@@ -14,12 +15,23 @@ from importlib.metadata import PathDistribution
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .. import ownfiles
 from ..distname import canonical_name
-from ..errors import AmbiguousDistribution, BadInput, DsparkPatchError, EnvironmentProblem, TargetNotFound, UnsafePatch
+from ..errors import (
+    AmbiguousDistribution,
+    BadInput,
+    CheckFailed,
+    DsparkPatchError,
+    EnvironmentProblem,
+    TargetNotFound,
+    UnsafePatch,
+)
 from ..inside import ISOLATED
+from ..inside import source as inside_source
 from ..inside.locate import BadRecord, record_of
 from . import fs, journal, probe_record, recovery
 from .base import Distribution, RecordEntry, RunResult, TargetInfo
+from .layers.new_layer import TakenLayer, taken
 
 if TYPE_CHECKING:
     from ..patching.plan import PatchPlan
@@ -49,6 +61,7 @@ class LocalTree:
             raise TargetNotFound(f"--root {root}: no such directory", hint="give the site-packages folder that holds the package")
         self.root = self.root.resolve()
         self.python = _find_python(python)
+        self._layer: bytes | None = None
 
     @property
     def info(self) -> TargetInfo:
@@ -149,6 +162,40 @@ class LocalTree:
         data = dest.read_bytes()
         return journal.Entry(path=pyc, pre=data, pre_sha256=hashlib.sha256(data).hexdigest(), post_sha256=None,
                              mode=stat.S_IMODE(st.st_mode), bytecode=True)
+
+    def take_layer(self, paths: Sequence[str], deleted: Sequence[str] = ()) -> TakenLayer:
+        """The layer `apply --root --layer-out` writes: the files `paths` (relative to the root),
+        a whiteout for each of `deleted`, and every folder above them, as the tree's interpreter
+        writes the tar (inside/layer.py, as an image's python does: owner, mode and mtime as they
+        are here), read back with the strict layer reader. Kept for `write_layer`."""
+        absolute = [str(self.root / p) for p in paths]
+        for path in deleted:
+            absolute += ["--delete", str(self.root / path)]
+        result = self.run_python(inside_source("layer"), absolute, timeout=300)
+        try:
+            said = json.loads(result.stdout) if result.returncode == 0 else {}
+            where, sha, size = Path(str(said["path"])), str(said["sha256"]), int(said["size"])
+        except (ValueError, TypeError, KeyError):
+            last = (result.stderr.decode(errors="replace").strip().splitlines() or [f"exit {result.returncode}"])[-1]
+            raise CheckFailed(f"writing the new layer failed: {last[-300:]}",
+                              hint="the tree is put back; nothing was written to --layer-out") from None
+        try:
+            data = where.read_bytes()
+        finally:
+            with contextlib.suppress(OSError):
+                where.unlink()
+        if len(data) != size or hashlib.sha256(data).hexdigest() != sha:
+            raise CheckFailed(f"the new layer read back ({len(data)} bytes) is not the one {self.python} wrote",
+                              hint="the tree is put back; nothing was written to --layer-out")
+        self._layer = data
+        return taken(data)
+
+    def write_layer(self, path: str) -> None:
+        """The layer `take_layer` took, to `path`, whole or not at all, through the tool's guarded
+        writer (ownfiles: a temporary file beside it, renamed; never through a link)."""
+        if self._layer is None:
+            raise RuntimeError("take_layer() must run before write_layer()")
+        ownfiles.write_file(path, self._layer)
 
     def run_python(
         self,

@@ -1,7 +1,8 @@
 """The strict layer reader on an image target's layers (docs/design.md: the source's layers, through
 the strict reader): the source image's layers read as `status --via layers` reads them, from the
 scan cache by diff_id or else one save (`check_layers`); the scan of the layer apply added, kept
-beside them (`cache_layer_scan`); and the new layer's own check (`layer_entries`).
+beside them (`cache_layer_scan`); and the new layer taken from the work container (`fetch_layer`,
+then targets/layers/new_layer.py's check).
 """
 
 from __future__ import annotations
@@ -13,9 +14,8 @@ import threading
 from collections.abc import Iterable
 
 from ...errors import CheckFailed, DsparkPatchError, EnvironmentProblem
-from ..base import LayerEntry
 from ..caches.scans import ScanCache
-from ..layers import TarStream
+from ..layers import LayersRead
 from ..layers.scan import scan_layer
 from ..views.from_layers import merge_scans, status_retain
 from .client import DockerEngine, ImageInfo
@@ -24,29 +24,34 @@ from .save_views import save_layer_where, save_views
 
 
 def check_layers(engine: DockerEngine, source: ImageInfo, ref: str, distribution: str, retain: Iterable[str],
-                 cache: ScanCache, *, stop: threading.Event | None = None) -> bool:
+                 cache: ScanCache, *, save: bool = True, stop: threading.Event | None = None) -> LayersRead:
     """Read the source image's layers with the strict layer reader, as `status --via layers`
     does, and raise what it refuses (a header two tar readers read differently, an unclean
     name, a link over a folder, a cap): apply works on what the engine unpacked, but an image
-    whose layers the reader refuses is hostile, and the audit of its result would be an
-    error row. A layer whose scan `cache` holds (by diff_id) is not read again, so an image
-    whose every layer is cached costs no save; returns whether a save was needed. Setting
-    `stop` ends a save under way (EnvironmentProblem)."""
+    whose layers the reader refuses is hostile, and the audit of its result would be an error
+    row. A layer whose scan `cache` holds (by diff_id) is not read again, so an image whose
+    every layer is cached costs no save. Otherwise the layers are read through one save of the
+    whole image if `save`, else not at all (`not_cached` says how many were not): dockerd 20.10
+    exports every layer to a folder of its own before it sends a byte, so the save of a serving
+    image of 10-30 GB is the whole cost of a cold apply. Setting `stop` ends a save under way
+    (EnvironmentProblem)."""
     diff_ids = source.diff_ids
     scans = [cache.get(d) for d in diff_ids]
     if diff_ids and all(s is not None for s in scans):
         found: object = merge_scans([s for s in scans if s is not None], where=f"image {ref}")
-        saved = False
+        read = LayersRead(how="cached", layers=len(diff_ids))
+    elif not save:
+        return LayersRead(how="not-read", layers=len(diff_ids), not_cached=sum(s is None for s in scans))
     else:
         found = save_views(engine, [source.id], distribution, retain, cache, stop=stop).get(source.id)
-        saved = True
+        read = LayersRead(how="saved", layers=len(diff_ids))
     if found is None:
         raise EnvironmentProblem(f"the engine's save of image {ref} did not hold all of its layers")
     if isinstance(found, DsparkPatchError):
         raise type(found)(f"image {ref}: {found.message}; nothing was written",
                           hint=found.hint or "the engine and this tool could unpack this image differently; "
                           "rebuild it from trusted layers")
-    return saved
+    return read
 
 
 def cache_layer_scan(layer: bytes | None, distribution: str, retain: Iterable[str], cache: ScanCache) -> None:
@@ -62,39 +67,6 @@ def cache_layer_scan(layer: bytes | None, distribution: str, retain: Iterable[st
     except DsparkPatchError:
         return
     cache.put(digest, scan)
-
-
-def layer_entries(layer: bytes) -> tuple[LayerEntry, ...]:
-    """What a layer tar holds: each entry's path (absolute), kind and, for a file, its sha256.
-
-    Read with the strict layer reader (targets/layers): a header the engine could read otherwise
-    than we do, a path twice, an opaque folder, a link or a device is refused, never taken."""
-    entries = []
-    seen: set[str] = set()
-    stream = TarStream(io.BytesIO(layer), where="the new layer")
-    for member in stream:
-        if not member.name:
-            continue
-        if member.name in seen:
-            raise stream.refuse("a path twice in the new layer")
-        seen.add(member.name)
-        folder_name, _, base = member.name.rpartition("/")
-        if base == ".wh..wh..opq" or base.startswith(".wh..wh."):
-            raise CheckFailed(f"the new layer makes /{folder_name} opaque (it would hide the folder's lower contents)")
-        if member.kind == "file" and base.startswith(".wh."):
-            entries.append(LayerEntry(path=f"/{folder_name}/{base[4:]}" if folder_name else f"/{base[4:]}",
-                                      folder=False, sha256=None, deleted=True))
-            continue
-        if member.kind not in ("file", "dir"):
-            raise CheckFailed(f"the new layer holds {member.name}, which is neither a file nor a folder")
-        digest = None
-        if member.kind == "file":
-            h = hashlib.sha256()
-            for chunk in stream.chunks():
-                h.update(chunk)
-            digest = h.hexdigest()
-        entries.append(LayerEntry(path="/" + member.name, folder=member.kind == "dir", sha256=digest))
-    return tuple(entries)
 
 
 def fetch_layer(container: WorkContainer, answer: bytes) -> bytes:

@@ -34,7 +34,6 @@ from ..base import (
     HANDSHAKE_PREFIX,
     CommittedImage,
     Distribution,
-    LayerEntry,
     PullCallback,
     PullPolicy,
     RunResult,
@@ -42,6 +41,8 @@ from ..base import (
 )
 from ..caches import answers
 from ..caches.scans import ScanCache
+from ..layers import LayersRead, TakenLayer
+from ..layers.new_layer import taken
 from . import emulation, layer_check, result_image, started, tree_hashes
 from .client import DockerEngine, ImageInfo
 from .container import NEW_FILE, ExecutableMissing, FileMeta, RunningCall, WorkContainer
@@ -175,10 +176,11 @@ class ImageTarget:
         """Site folders holding `distribution` that no interpreter of the image imports (locate.py)."""
         return self._locator.unimported(distribution)
 
-    def check_layers(self, distribution: str, retain: Iterable[str], cache: ScanCache, *,
-                     stop: threading.Event | None = None) -> bool:
+    def check_layers(self, distribution: str, retain: Iterable[str], cache: ScanCache, *, save: bool = True,
+                     stop: threading.Event | None = None) -> LayersRead:
         """The source's layers through the strict layer reader (layer_check.py)."""
-        return layer_check.check_layers(self.engine, self.source, self.ref, distribution, retain, cache, stop=stop)
+        return layer_check.check_layers(self.engine, self.source, self.ref, distribution, retain, cache,
+                                        save=save, stop=stop)
 
     def cache_layer_scan(self, distribution: str, retain: Iterable[str], cache: ScanCache) -> None:
         """The scan of the layer `commit` added, kept beside the source's (layer_check.py)."""
@@ -308,7 +310,7 @@ class ImageTarget:
         return tree_hashes.folder_hashes(self.container.container.client.api, self.container.id, location, folders)
 
     # --- ImageCapable: the layer, then the result (result_image.ResultImage) --------------
-    def take_layer(self, paths: Sequence[str], deleted: Sequence[str] = ()) -> tuple[LayerEntry, ...]:
+    def take_layer(self, paths: Sequence[str], deleted: Sequence[str] = ()) -> TakenLayer:
         """The new layer, taken from the work container now: the files `paths` (relative to the
         distribution's location) and every folder above them, as a tar the image's own python
         writes (owner, mode, mtime as they are here). Only this tar reaches the image."""
@@ -322,7 +324,7 @@ class ImageTarget:
             raise CheckFailed(f"taking the new layer from the container failed: {said[-300:]}",
                               hint="nothing was committed; the image's python did not write the layer of the patched files")
         self._layer = layer_check.fetch_layer(self.container, result.stdout)
-        return layer_check.layer_entries(self._layer)
+        return taken(self._layer)
 
     def source_labels(self) -> Mapping[str, str]:
         return self.source.config.get("Labels") or {}

@@ -6,8 +6,10 @@ engine unpacks them and looks paths up as a chroot would. Rules: docs/status.md,
 """
 
 from .merge import LayerView, merge
+from .new_layer import TakenLayer
+from .read import LayersRead
 from .scan import Entry, LayerScan, Retain, RetainPredicate, scan_layer
 from .tarstream import Limits, Member, TarStream
 
-__all__ = ["Entry", "LayerScan", "LayerView", "Limits", "Member", "Retain", "RetainPredicate", "TarStream", "merge",
+__all__ = ["Entry", "LayerScan", "LayersRead", "LayerView", "Limits", "Member", "Retain", "RetainPredicate", "TakenLayer", "TarStream", "merge",
            "scan_layer"]
