@@ -29,9 +29,10 @@ from apply_base_check import PY, WITH, fixture  # noqa: E402  (the same CLI runn
 TAG = "dspark-patch/bench:layer-check-{}"
 WITHOUT = ("import sys; from dspark_patch.pipeline import commands\n"
            "class NoCheck:\n"
-           "    def __init__(self, *a): pass\n"
+           "    def __init__(self, *a, **k): pass\n"
            "    def join(self, run): pass\n"
            "    def cancel(self): pass\n"
+           "    def cache_new_layer(self): pass\n"
            "commands.LayerCheck = NoCheck\n"
            "from dspark_patch.cli import main; sys.argv = ['dspark-patch', *sys.argv[1:]]; main()")
 WAYS = ("without", "cached", "uncached")

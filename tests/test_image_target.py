@@ -278,7 +278,7 @@ def test_write_changes_exactly_the_file_and_keeps_owner_and_mode(engine, fixture
         target.write(_plan(_modify(ENVS, pre, post)))
         assert target.read(ENVS) == post
         assert _stat(target, path) == (0o640, 1000, 1000)
-        layer = target.take_layer([ENVS])
+        layer = target.take_layer([ENVS]).entries
         target.restore(_plan(_modify(ENVS, pre, post)))
         assert target.read(ENVS) == pre
         assert _stat(target, path) == (0o640, 1000, 1000)
