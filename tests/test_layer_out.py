@@ -126,3 +126,19 @@ def test_layer_out_needs_a_local_tree_that_apply_writes(vllm033_tree: Path, tmp_
     line = _apply(vllm033_tree, tmp_path / "link.tar", tmp_path / "r2").assert_clean_error(2)
     assert "link.tar" in line and (tmp_path / "elsewhere").read_bytes() == b"keep"
     assert hashlib.sha256((vllm033_tree / "vllm/envs.py").read_bytes()).hexdigest() == VARIANT.files["vllm/envs.py"].pre_sha256
+
+
+def test_only_a_temporary_file_of_the_layer_script_is_taken_and_removed() -> None:
+    """The python names the file it wrote the layer to; the tool reads it and then removes it, so a
+    python that named another file (/etc/passwd) would have it removed: only inside/layer.py's own
+    temporary file (absolute, `.dspark-layer-*.tar`, no '..') is taken, on both routes."""
+    from dspark_patch.targets.layers.new_layer import layer_answer
+
+    def said(path: object) -> bytes:
+        return json.dumps({"path": path, "sha256": "0" * 64, "size": 1}).encode()
+
+    assert layer_answer(said("/tmp/.dspark-layer-ab_12.tar")) == ("/tmp/.dspark-layer-ab_12.tar", "0" * 64, 1)
+    for path in ("/etc/passwd", "tmp/.dspark-layer-ab.tar", "/tmp/../etc/.dspark-layer-ab.tar",
+                 "/tmp/.dspark-layer-ab.tar/x", "/tmp/.dspark-layer-.tar", 7):
+        assert layer_answer(said(path)) is None, path
+    assert layer_answer(b"not json") is None and layer_answer(b'{"path": "/tmp/.dspark-layer-a.tar"}') is None

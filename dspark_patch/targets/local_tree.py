@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 import shutil
 import stat
@@ -31,7 +30,7 @@ from ..inside import source as inside_source
 from ..inside.locate import BadRecord, record_of
 from . import fs, journal, probe_record, recovery
 from .base import Distribution, RecordEntry, RunResult, TargetInfo
-from .layers.new_layer import TakenLayer, taken
+from .layers.new_layer import TakenLayer, layer_answer, taken
 
 if TYPE_CHECKING:
     from ..patching.plan import PatchPlan
@@ -172,13 +171,12 @@ class LocalTree:
         for path in deleted:
             absolute += ["--delete", str(self.root / path)]
         result = self.run_python(inside_source("layer"), absolute, timeout=300)
-        try:
-            said = json.loads(result.stdout) if result.returncode == 0 else {}
-            where, sha, size = Path(str(said["path"])), str(said["sha256"]), int(said["size"])
-        except (ValueError, TypeError, KeyError):
+        said = layer_answer(result.stdout) if result.returncode == 0 else None
+        if said is None:
             last = (result.stderr.decode(errors="replace").strip().splitlines() or [f"exit {result.returncode}"])[-1]
             raise CheckFailed(f"writing the new layer failed: {last[-300:]}",
-                              hint="the tree is put back; nothing was written to --layer-out") from None
+                              hint="the tree is put back; nothing was written to --layer-out")
+        where, sha, size = Path(said[0]), said[1], said[2]
         try:
             data = where.read_bytes()
         finally:

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import threading
 from collections.abc import Iterable
 
 from ...errors import CheckFailed, DsparkPatchError, EnvironmentProblem
 from ..caches.scans import ScanCache
 from ..layers import LayersRead
+from ..layers.new_layer import layer_answer
 from ..layers.scan import scan_layer
 from ..views.from_layers import merge_scans, status_retain
 from .client import DockerEngine, ImageInfo
@@ -74,15 +74,11 @@ def fetch_layer(container: WorkContainer, answer: bytes) -> bytes:
     archive API and checked against the sha256 and size it gave, then removed. (An exec's
     output stream is no channel for it: Podman 4's exec attach corrupts large binary output
     now and then, a frame header inside the data.)"""
-    try:
-        said = json.loads(answer)
-        where, sha, size = str(said["path"]), str(said["sha256"]), int(said["size"])
-    except (ValueError, TypeError, KeyError):
+    said = layer_answer(answer)
+    if said is None:
         raise CheckFailed("taking the new layer from the container failed: the image's python did not say "
-                          f"where it wrote it ({answer[:200]!r})", hint="nothing was committed") from None
-    if not where.startswith("/") or ".." in where.split("/"):
-        raise CheckFailed(f"taking the new layer from the container failed: {where[:200]!r} is no temporary file",
-                          hint="nothing was committed")
+                          f"which temporary file it wrote it to ({answer[:200]!r})", hint="nothing was committed")
+    where, sha, size = said
     try:
         copied = container.copy_out(where)
     finally:

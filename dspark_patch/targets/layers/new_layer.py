@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
+import re
 from dataclasses import dataclass
 
 from ...errors import CheckFailed
@@ -29,6 +31,24 @@ class TakenLayer:
     entries: tuple[LayerEntry, ...]
     diff_id: str
     size: int
+
+
+# The temporary file inside/layer.py writes the tar to (tempfile.mkstemp's name, absolute).
+_LAYER_FILE = re.compile(r"(?:/[^/\0]+)*/\.dspark-layer-[A-Za-z0-9_]+\.tar")
+
+
+def layer_answer(answer: bytes) -> tuple[str, str, int] | None:
+    """Where inside/layer.py says it wrote the layer tar, with its sha256 and size; None for an
+    answer that is not that. The file named is read and then removed, so only a temporary file of
+    that script's shape is taken (absolute, no '..'), never another path the python names."""
+    try:
+        said = json.loads(answer)
+        where, sha, size = str(said["path"]), str(said["sha256"]), int(said["size"])
+    except (ValueError, TypeError, KeyError):
+        return None
+    if ".." in where.split("/") or not _LAYER_FILE.fullmatch(where):
+        return None
+    return where, sha, size
 
 
 def taken(layer: bytes) -> TakenLayer:
