@@ -199,6 +199,13 @@ class TagRace(TagExists):
     kind = "tag-race"
 
 
+class PublishRefused(BadInput):
+    """`publish` was given a layer or report that does not prove what it must about the source
+    image (made from another image or release, edited, a file more or less): nothing is pushed."""
+
+    kind = "publish-refused"
+
+
 class UnreviewedVariant(BadInput):
     """The release's variant was made by `port` and no person has marked it reviewed."""
 

@@ -35,14 +35,14 @@ def tool(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tool_folder(tmp_path_factory.mktemp("tool") / "dspark-patch")
 
 
-def _job(tool: Path, out: Path, script: str, *, user: str | None) -> subprocess.CompletedProcess[str]:
-    """`script` (bash) in a container of the official image, as `user` (None: the image's own),
+def _job(tool: Path, out: Path, script: str, *, user: str | None, image: str | None = None) -> subprocess.CompletedProcess[str]:
+    """`script` (bash) in a container of `image` (default: the official one), as `user` (None: the image's own),
     with the tool at /opt/dspark-patch (read-only) and `out` at /out; networking off."""
     out.mkdir(parents=True, exist_ok=True)
     out.chmod(0o777)
     argv = ["docker", "run", "--rm", "--network", "none", "--name", f"dspark-test-in-image-{uuid.uuid4().hex[:10]}",
             "-v", f"{tool}:/opt/dspark-patch:ro", "-v", f"{out}:/out", "-e", "PYTHONPATH=/opt/dspark-patch",
-            "--entrypoint", "bash", *(("--user", user) if user else ()), official_image(), "-c", script]
+            "--entrypoint", "bash", *(("--user", user) if user else ()), image or official_image(), "-c", script]
     return subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
 
 

@@ -29,6 +29,8 @@ def verify(
     no_probe: common.NoProbeOpt = False,
     attestation: Annotated[bool, typer.Option("--attestation", help="Check the signed attestation attached to the image in its registry instead (needs --key): signature, subject digest, statement, predicate. Reads manifests and the envelope only; pulls no layer. For an index: the index and every platform (or --platform).")] = False,
     key: Annotated[Path | None, typer.Option("--key", help="With --attestation: the public key (PEM) the attestation must be signed with.")] = None,
+    via: Annotated[str, typer.Option("--via", help="How --image is read: auto (default: the engine; the registry when no engine answers and the image names its registry), engine, or registry (no engine: the image's layers straight from its registry, as `status --via registry` reads them; the probe does not run, and bytecode is recompiled only where this host's Python is the image's).")] = "auto",
+    cache_max: Annotated[str | None, typer.Option("--cache-max", help="With --via registry: bound of the layer-scan cache status uses (e.g. 2G; 0 turns it off).")] = None,
     report_dir: common.ReportDirOpt = None,
     junit: common.JunitOpt = None,
     as_json: common.JsonOpt = False,
@@ -44,12 +46,54 @@ def verify(
             ref=image, key=str(key), patch=_one_patch(patch, series), platform=common.platform_request(platform)),
             on_step=output.step_printer(not as_json))
         common.finish(checked, report_dir=report_dir, as_json=as_json, junit=junit)
+    if _via_registry(via, root, image, python, platform, pull, strip):
+        from ..publish.verify import RegistryVerifyRequest, verify_registry
+        from ..targets.caches.scans import parse_size
+
+        assert image is not None
+        checked = verify_registry(RegistryVerifyRequest(
+            ref=image, patches=tuple(patch or ()), series_file=None if series is None else str(series),
+            cache_max=parse_size(cache_max, "--cache-max") if cache_max is not None else None),
+            on_step=output.step_printer(not as_json))
+        common.finish(checked, report_dir=report_dir, as_json=as_json, junit=junit)
     request = pipeline.VerifyRequest(target=common.target_spec(root, image, python, pull=pull, platform=platform),
                                      patches=tuple(patch or ()), series=None if series is None else str(series),
                                      strip=strip, probe=not no_probe)
     with output.pull_display() as pulls:
         report = pipeline.verify(request, on_step=output.step_printer(not as_json), on_pull=pulls)
     common.finish(report, report_dir=report_dir, as_json=as_json, junit=junit)
+
+
+def _via_registry(via: str, root: Path | None, image: str | None, python: str | None, platform: str | None,
+                  pull: str, strip: int | None) -> bool:
+    """Whether this verify reads its image from the registry: --via registry, or auto with an image
+    that names its registry when no engine answers."""
+    if via not in ("auto", "engine", "registry"):
+        raise BadInput(f"--via {via!r}: choose auto, engine or registry")
+    if via == "registry":
+        if image is None or root is not None:
+            raise BadInput("--via registry reads an image from its registry: give --image HOST[:PORT]/REPO:TAG, not --root")
+        for given, option in ((python, "--python"), (platform, "--platform"), (strip, "--strip")):
+            if given is not None:
+                raise BadInput(f"{option} is for the engine's verify; --via registry runs nothing of the image",
+                               hint=f"drop {option}, or use --via engine")
+        if pull != "missing":
+            raise BadInput("--pull asks the engine to pull; --via registry reads the registry without one",
+                           hint="drop --pull")
+        return True
+    if via == "engine" or image is None or root is not None or python is not None or platform is not None:
+        return False
+    from ..errors import EngineUnreachable
+    from ..registry.index import registry_host
+    from ..targets import open_store
+
+    if registry_host(image) is None:
+        return False
+    try:
+        open_store()
+    except EngineUnreachable:
+        return True
+    return False
 
 
 def _one_patch(patches: list[str] | None, series: Path | None) -> str | None:

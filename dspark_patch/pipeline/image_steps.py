@@ -3,7 +3,6 @@ bytecode and folders), the labels, the commit and the push."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import threading
 import time
@@ -16,6 +15,7 @@ from ..errors import LayerMismatch, UnimportedCopy, runs_first_message
 from ..imageref import ImageRef
 from ..patching.plan import FilePlan, PatchPlan
 from ..patchset import PatchSet, Variant, available, patched_paths
+from ..report.labels import LABEL_PREFIX, SERIES_LABEL, image_labels, series_label
 from ..report.model import ImageRecord, LayerChange, LayerReport, PatchReport
 from ..targets.base import Distribution, ImageCapable, TargetInfo
 from ..targets.caches import proofs
@@ -27,7 +27,6 @@ from .requests import ImageSpec
 from .runlog import ResultCallback, RunLog
 from .shared_steps import bytecode_paths
 
-LABEL_PREFIX = "io.github.dspark-patch"
 # What the image runs first (refuse_runs_first), waited for when called.
 StartedAnswer = Callable[[], "tuple[str, ...]"]
 
@@ -332,43 +331,9 @@ def expected_layer(plan: PatchPlan, dist: Distribution) -> set[str]:
 
 
 def labels_for(patchset: PatchSet, variant: Variant, plan: PatchPlan, run: RunLog) -> dict[str, str]:
-    files = {fp.path: fp.post_sha256 for fp in plan.files}
-    labels = {
-        f"{LABEL_PREFIX}.patch.id": patchset.id or "bare-diff",
-        f"{LABEL_PREFIX}.patch.variant": variant.name,
-        f"{LABEL_PREFIX}.patch.sha256": variant.diff_sha256,
-        f"{LABEL_PREFIX}.files": json.dumps(files, sort_keys=True, separators=(",", ":")),
-        f"{LABEL_PREFIX}.tool-version": __version__,
-    }
-    if run.draft.series:
-        labels[SERIES_LABEL] = series_label(run.draft.series)
-    # The report digest covers the audit as it stood before the commit (the result image id cannot
-    # be inside its own label); the final report carries these labels for cross-checking.
-    pre_commit = json.dumps(digestable(run), sort_keys=True, separators=(",", ":"))
-    labels[f"{LABEL_PREFIX}.report.sha256"] = hashlib.sha256(pre_commit.encode()).hexdigest()
-    return labels
-
-
-SERIES_LABEL = f"{LABEL_PREFIX}.series"
-
-
-def series_label(members: tuple[PatchReport, ...]) -> str:
-    """The series an image carries, in order: each member's id, variant, diff digest and review
-    state (only on an image made from a series of several patch sets)."""
-    return json.dumps([{"id": m.id, "variant": m.variant, "sha256": m.sha256, "review": m.review} for m in members],
-                      separators=(",", ":"))
-
-
-def digestable(run: RunLog) -> dict:
-    report = run.draft
-    return {
-        "patch": report.patch and {"id": report.patch.id, "variant": report.patch.variant, "sha256": report.patch.sha256},
-        "files": [{"path": f.path, "pre": f.pre_sha256, "post": f.post_sha256,
-                   "hunks": [(h.source_start, h.applied_at, h.offset, h.fuzz) for h in f.hunks]} for f in report.files],
-        "compile": report.compile.ok, "probe": [(c.name, c.ok) for c in report.probe.cases],
-        "layer": [(c.kind, c.path) for c in report.layer.changes] if report.layer else [],
-        "source_image": report.target.image and report.target.image.id,
-    }
+    return image_labels(run.draft, patch_id=patchset.id or "bare-diff", variant=variant.name,
+                        diff_sha256=variant.diff_sha256, files={fp.path: fp.post_sha256 for fp in plan.files},
+                        tool_version=__version__)
 
 
 def check_labels(target: ImageCapable, variant: Variant, patchset: PatchSet, policy: CheckPolicy,

@@ -484,6 +484,29 @@ class Registry:
         self._check(answer, (answer.content or b"")[:200], f"uploading a blob to {repository}")
         return digest
 
+    def call(self, repository: str, path: str, method: str, doing: str, *, headers: dict[str, str] | None = None,
+             data: Any = None, limit: int = MANIFEST_LIMIT) -> tuple[requests.Response, bytes]:
+        """One request about `repository` (HOST/NAME) with its credentials: `path` is under
+        /v2/NAME/ (or a whole URL the registry gave, an upload's Location), the answer bounded as
+        every other. For registry/upload.py; the status code is the caller's to judge."""
+        container = self._container(f"{repository}:unused")
+        url = path if path.startswith(("http://", "https://")) else \
+            f"{self._prefix}://{self.host}/v2/{container.api_prefix}/{path}"
+        # A HEAD answer's Content-Length is the size of what a GET would send; it has no body.
+        return self._request(url, method, doing, limit=1 << 62 if method == "HEAD" else limit,
+                             headers=headers or {}, data=data)
+
+    def location(self, answer: requests.Response) -> str | None:
+        """An upload's Location header as a whole URL (a registry may answer a path)."""
+        where = answer.headers.get("Location", "")
+        if not where:
+            return None
+        return where if where.startswith(("http://", "https://")) else f"{self._prefix}://{self.host}{where}"
+
+    def check(self, answer: requests.Response, body: bytes, doing: str) -> None:
+        """A refusal (4xx/5xx) as one line (RegistryRefused)."""
+        self._check(answer, body, doing)
+
     def _check(self, answer: requests.Response, body: bytes, doing: str) -> None:
         if answer.status_code in (401, 403):
             raise RegistryRefused(

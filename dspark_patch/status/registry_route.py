@@ -52,6 +52,70 @@ class LayerCounts:
             self.bytes += size
 
 
+class LayerReader:
+    """Layers of images in registries, each scanned once per run (a lock per diff_id) and kept in
+    the scan cache; one instance per run. `status --via registry` and `publish` read through it."""
+
+    def __init__(self, *, retain, cache: ScanCache) -> None:
+        self._retain = retain
+        self.cache = cache
+        self._registries: dict[tuple[int, str], Registry] = {}
+        self._memo: dict[str, LayerScan | DsparkPatchError] = {}
+        self._locks: dict[str, threading.Lock] = {}
+        self._guard = threading.Lock()
+        self.counts = LayerCounts()
+
+    def registry(self, host: str) -> Registry:
+        key = (threading.get_ident(), host)  # one client (one session) per thread
+        found = self._registries.get(key)
+        if found is None:
+            found = self._registries[key] = Registry(host)
+        return found
+
+    @staticmethod
+    def config(registry: Registry, ref: str, manifest: Manifest) -> ImageConfig:
+        """One image manifest's config, read strictly (registry/blobs.py)."""
+        config_blob, layers = parse_image_manifest(manifest)
+        return read_config(registry, ref, config_blob, len(layers))
+
+    def scans(self, registry: Registry, ref: str, manifest: Manifest, config: ImageConfig) -> list[LayerScan]:
+        """The scans of the image's layers, bottom up."""
+        _, layers = parse_image_manifest(manifest)
+        return [self.layer(registry, ref, blob, diff_id) for blob, diff_id in zip(layers, config.diff_ids, strict=True)]
+
+    def layer(self, registry: Registry, ref: str, blob, diff_id: str) -> LayerScan:
+        with self._guard:
+            lock = self._locks.setdefault(diff_id, threading.Lock())
+        with lock:  # a layer shared by images read at once is fetched by one of them
+            found = self._memo.get(diff_id)
+            if found is None:
+                found = self.cache.get(diff_id)
+            if found is None:
+                try:
+                    found = self._fetch(registry, ref, blob, diff_id)
+                except DsparkPatchError as exc:
+                    found = exc
+            self._memo[diff_id] = found
+        if isinstance(found, DsparkPatchError):
+            raise found
+        return found
+
+    def _fetch(self, registry: Registry, ref: str, blob, diff_id: str) -> LayerScan:
+        stream = open_layer(registry, ref, blob, diff_id)
+        try:
+            try:
+                scan = scan_layer(stream.fileobj, where=stream.where, retain=self._retain)
+            except DsparkPatchError:
+                stream.check_blob()  # a corrupt blob is reported as one
+                raise
+            stream.finish()  # until here nothing of the layer is trusted
+        finally:
+            stream.close()
+            self.counts.add(stream.raw.total)
+        self.cache.put(diff_id, scan)
+        return scan
+
+
 class RegistryReader:
     """Reads references from their registries; one instance per run (its layer memo is the run's)."""
 
@@ -59,22 +123,14 @@ class RegistryReader:
                  platform: str | None, row: Callable[..., ImageStatus], error_row: Callable[..., ImageStatus],
                  unreadable: Callable[[str, Exception], DsparkPatchError]) -> None:
         self._patchsets = patchsets
-        self._retain = status_retain(DISTRIBUTION, retain_paths)
+        self.layers = LayerReader(retain=status_retain(DISTRIBUTION, retain_paths), cache=cache)
         self.cache = cache
+        self.counts = self.layers.counts
         self._platform = platform
         self._row, self._error_row, self._unreadable = row, error_row, unreadable
-        self._registries: dict[tuple[int, str], Registry] = {}
-        self._memo: dict[str, LayerScan | DsparkPatchError] = {}
-        self._locks: dict[str, threading.Lock] = {}
-        self._guard = threading.Lock()
-        self.counts = LayerCounts()
 
     def _registry(self, host: str) -> Registry:
-        key = (threading.get_ident(), host)  # one client (one session) per thread
-        found = self._registries.get(key)
-        if found is None:
-            found = self._registries[key] = Registry(host)
-        return found
+        return self.layers.registry(host)
 
     # --- one reference ---------------------------------------------------------------------------
     def read(self, ref: str, *, absent_ok: bool = False) -> tuple[ImageStatus, ...] | None:
@@ -116,13 +172,12 @@ class RegistryReader:
     def _image(self, registry: Registry, ref: str, manifest: Manifest, *, single: bool) -> ImageStatus:
         extra: dict[str, str | None] = {}
         try:
-            config_blob, layers = parse_image_manifest(manifest)
-            config = read_config(registry, ref, config_blob, len(layers))
+            config = self.layers.config(registry, ref, manifest)
             extra = {"id": config.digest, "platform": config.platform}
             if single and not self._wanted(config.platform):
                 raise UnknownPlatform(f"{ref} is a {config.platform} image, not {self._platform}",
                                       hint="choose its platform with --platform, or leave --platform out")
-            scans = [self._layer(registry, ref, blob, diff_id) for blob, diff_id in zip(layers, config.diff_ids, strict=True)]
+            scans = self.layers.scans(registry, ref, manifest, config)
             view = merge_scans(scans, where=f"image {ref}")
             site = find_site(view, DISTRIBUTION, config.config, ref)
             return self._row(ref, site, self._patchsets, **extra)
@@ -130,39 +185,6 @@ class RegistryReader:
             return self._error_row(ref, exc, **extra)
         except (ValueError, LookupError, TypeError, UnicodeError, tarfile.TarError) as exc:
             return self._error_row(ref, self._unreadable(ref, exc), **extra)
-
-    # --- one layer ------------------------------------------------------------------------------
-    def _layer(self, registry: Registry, ref: str, blob, diff_id: str) -> LayerScan:
-        with self._guard:
-            lock = self._locks.setdefault(diff_id, threading.Lock())
-        with lock:  # a layer shared by images read at once is fetched by one of them
-            found = self._memo.get(diff_id)
-            if found is None:
-                found = self.cache.get(diff_id)
-            if found is None:
-                try:
-                    found = self._fetch(registry, ref, blob, diff_id)
-                except DsparkPatchError as exc:
-                    found = exc
-            self._memo[diff_id] = found
-        if isinstance(found, DsparkPatchError):
-            raise found
-        return found
-
-    def _fetch(self, registry: Registry, ref: str, blob, diff_id: str) -> LayerScan:
-        stream = open_layer(registry, ref, blob, diff_id)
-        try:
-            try:
-                scan = scan_layer(stream.fileobj, where=stream.where, retain=self._retain)
-            except DsparkPatchError:
-                stream.check_blob()  # a corrupt blob is reported as one
-                raise
-            stream.finish()  # until here nothing of the layer is trusted
-        finally:
-            stream.close()
-            self.counts.add(stream.raw.total)
-        self.cache.put(diff_id, scan)
-        return scan
 
 
 def read_all(reader: RegistryReader, refs: Sequence[str], *, jobs: int, absent_ok: bool = False,
@@ -182,4 +204,4 @@ def read_all(reader: RegistryReader, refs: Sequence[str], *, jobs: int, absent_o
         return dict(zip(refs, pool.map(one, refs), strict=True))
 
 
-__all__ = ["ImageConfig", "LayerCounts", "RegistryReader", "read_all"]
+__all__ = ["ImageConfig", "LayerCounts", "LayerReader", "RegistryReader", "read_all"]

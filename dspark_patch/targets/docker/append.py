@@ -25,9 +25,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from ...errors import StackedLayer
+from ...registry.compose import HISTORY_NOTE
 from .client import DockerEngine, ImageInfo
-
-HISTORY_NOTE = "dspark-patch: the patched files, their bytecode and their folders"
 
 
 def append_layer(engine: DockerEngine, source: ImageInfo, layer: bytes, config: Mapping[str, Any]) -> str:

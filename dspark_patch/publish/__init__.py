@@ -1,0 +1,18 @@
+"""`dspark-patch publish`: the layer an in-image run wrote, onto the image it ran in, registry to
+registry, with no engine.
+
+In order (publish/run.py): read the audit report strictly (claim.py: a whole apply of reviewed
+patch sets to a site folder, with a layer); read the source image from its registry as
+`status --via registry` does (strict layer reader, scan cache); prove the report was made from
+that tree and the layer is exactly what that run wrote (proofs.py); compose the new config and
+manifest (registry/compose.py: the source's config kept, our labels, one layer); upload the
+layer's blob and the config, mount (or find) the source's layers, never send them again when the
+registry has them (registry/upload.py); then, last, put the manifest under the tag, only when
+the source reference still names what was read and the tag is free (or --force), and read the
+digest back. Nothing is written before every proof holds; a failure after that leaves blobs no
+tag names (a registry's garbage collection takes them), never a tag on a partial image.
+"""
+
+from .run import Published, PublishRequest, publish
+
+__all__ = ["PublishRequest", "Published", "publish"]

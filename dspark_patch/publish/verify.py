@@ -1,0 +1,247 @@
+"""`verify --via registry`: the engine-free verify of an image in its registry.
+
+The image is read as `status --via registry` reads it (the strict layer reader, status's scan
+cache, the site folder found from the image's config without running anything), then held to
+what `verify --image` holds it to, as far as nothing can be run:
+- each patched file is the final post-image of the patch set or series (named, or the one the
+  image's labels name when it names known patch sets; else the shipped default);
+- every other file of vLLM is the published wheel's (status's row: nothing unexplained, missing
+  or added, RECORD, installer metadata, no other copy of vLLM), and no other known patch set is
+  applied beside the series;
+- the cached bytecode matches its source: the patched modules' bytecode is recompiled here when
+  this host's Python is the image's, else checked by its embedded source hash (said in a note);
+- the labels name exactly the series and its files' post-images;
+- the top layer holds nothing but what a layer of ours for those files holds.
+The probe needs the image's interpreter, so it does not run (said as a skipped step); `verify
+--image` runs it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from ..errors import BadInput, DsparkPatchError, StackedLayer, VerifyMismatch
+from ..imageref import ImageRef
+from ..patchset import PatchSet, Variant, available, known, patched_paths
+from ..pipeline.image_steps import label_ids
+from ..pipeline.our_layer import OurLayer, check_our_layer
+from ..pipeline.runlog import RunLog, StepCallback
+from ..registry.blobs import parse_image_manifest
+from ..registry.index import Registry
+from ..report.checks import record_checks
+from ..report.labels import LABEL_PREFIX, SERIES_LABEL
+from ..report.model import AuditReport, DistributionInfo, FileReport, ImageRecord, IntegrityReport, TargetReport
+from ..report.status_model import ImageStatus
+from ..series import load
+from ..status.bytecode import check as check_bytecode
+from ..status.fleet import DISTRIBUTION, row_from_site
+from ..status.registry_route import LayerReader
+from ..targets.base import Distribution
+from ..targets.views.from_layers import find_site, merge_scans, status_retain
+from ..targets.views.site_files import SiteFiles
+
+
+@dataclass(frozen=True, kw_only=True)
+class RegistryVerifyRequest:
+    ref: str                          # HOST/REPO:TAG or @digest of one platform's image
+    patches: tuple[str, ...] = ()     # patch sets (ids, folders) in series order; () the labels' (or the default)
+    series_file: str | None = None    # --series: a file naming them, one a line
+    cache_max: int | None = None      # the scan cache's bound
+
+
+def verify_registry(request: RegistryVerifyRequest, *, on_step: StepCallback | None = None) -> AuditReport:
+    run = RunLog.start("verify", TargetReport(kind="image", ref=request.ref), on_step)
+    try:
+        return record_checks(_verify(request, run))
+    except DsparkPatchError as exc:
+        return record_checks(run.report("failed", exc))
+
+
+def _verify(request: RegistryVerifyRequest, run: RunLog) -> AuditReport:
+    from .run import scan_cache_for
+
+    ref = ImageRef.parse(request.ref)
+    if ref.registry is None:
+        raise BadInput(f"--via registry reads {request.ref} from its registry, and it names none",
+                       hint="write --image HOST[:PORT]/REPOSITORY:TAG")
+    patchsets = known(available())
+    reader = LayerReader(retain=status_retain(DISTRIBUTION, patched_paths(patchsets)),
+                         cache=scan_cache_for(patchsets, request.cache_max))
+    with run.step("resolve"):
+        registry: Registry = reader.registry(ref.registry)
+        manifest = registry.fetch(request.ref)
+        if manifest.is_index:
+            raise BadInput(f"{request.ref} is an image index; --via registry verifies one platform's image",
+                           hint=f"verify {ref.name}@DIGEST of the platform (`status --via registry` lists them)")
+        config = reader.config(registry, request.ref, manifest)
+    with run.step("layers"):
+        scans = reader.scans(registry, request.ref, manifest, config)
+        site = find_site(merge_scans(scans, where=f"image {request.ref}"), DISTRIBUTION, config.config, request.ref)
+    run.update(target=TargetReport(kind="image", ref=request.ref, python=None, python_version=site.python,
+                                   distribution=DistributionInfo(name=site.distribution, version=site.release,
+                                                                 location=site.location),
+                                   image=ImageRecord(ref=request.ref, id=config.digest,
+                                                     repo_digest=f"{ref.name}@{manifest.digest}")))
+    labels = {str(k): str(v) for k, v in ((config.config.get("Labels") or {}).items())}
+    series = _series(request, labels, run)
+    variants = [(p, p.variant_for(site.release)) for p in series]
+    final = _final_posts(variants)
+    ids = [str(p.id) for p in series]
+    problems: list[str] = []
+
+    with run.step("patched files"):
+        first: dict[str, str | None] = {}   # each file's pre-image before the first member that changes it
+        for _, variant in variants:
+            for path, reviewed in variant.files.items():
+                first.setdefault(path, reviewed.pre_sha256)
+        for path, post in final.items():
+            found = site.hashes.get(path)
+            action: Literal["modify", "add", "delete"] = ("delete" if post is None else "add" if first[path] is None
+                                                           else "modify")
+            run.update(files=(*run.draft.files, FileReport(path=path, action=action, pre_sha256=None, post_sha256=found,
+                                                           expected_pre_sha256=first[path], expected_post_sha256=post)))
+            if found != post:
+                problems.append(f"{path} is " + ("missing" if found is None else "there, and the series deletes it"
+                                                  if post is None else "not the series' post-image"))
+
+    with run.step("integrity"):
+        row = row_from_site(request.ref, site, patchsets)
+        proven = check_bytecode(site).proven   # the patched modules' bytecode, recompiled and compared
+        run.update(integrity=replace(_integrity(row, site), bytecode_checked=proven))
+        states = dict(row.patch_sets)
+        problems += [f"patch set {i} is {states.get(i, 'unknown')} here, not applied" for i in ids
+                     if states.get(i) != "applied"]
+        problems += [f"patch set {other} is applied too, and is not in the series" for other, state in row.patch_sets
+                     if state == "applied" and other not in ids and not _explained(other, final, patchsets, site.release)]
+        problems += _row_problems(row)
+    if site.python and site.python != f"{sys.version_info[0]}.{sys.version_info[1]}":
+        run.notes.append(f"bytecode checked by its embedded source hashes and headers, not recompiled (this host's "
+                         f"Python is not the image's {site.python})")
+
+    with run.step("labels"):
+        problems += _label_problems(labels, series, variants, final)
+
+    with run.step("layer"):
+        _, blobs = parse_image_manifest(manifest)
+        dist = Distribution(name=site.distribution, version=site.release, location=site.location, python="",
+                            python_version=site.python or "", cache_tag=f"cpython-{(site.python or '').replace('.', '')}",
+                            record_file=None, record=())
+        try:
+            check_our_layer(OurLayer(image_id=config.digest, named=" + ".join(ids), files=final), scans[-1], dist)
+        except StackedLayer as exc:
+            problems.append(exc.message)
+        else:
+            run.notes.append(f"the top layer ({blobs[-1].digest[:19]}) holds only the series' files, their bytecode "
+                             "and the folders above them")
+    if row.unverified:
+        run.notes.append(f"{len(row.unverified)} thing(s) status could not prove: {'; '.join(row.unverified[:2])}")
+    run.skipped("probe", "--via registry runs nothing of the image; `verify --image` runs the probe")
+    if problems:
+        more = f" (and {len(problems) - 3} more; see the report)" if len(problems) > 3 else ""
+        raise VerifyMismatch(f"{request.ref} does not carry exactly {' + '.join(ids)}: " + "; ".join(problems[:3]) + more,
+                             hint="verify the image the series was published as, or apply it to the source and publish again")
+    return run.report("verified")
+
+
+def _series(request: RegistryVerifyRequest, labels: dict[str, str], run: RunLog) -> list[PatchSet]:
+    """The patch sets verified, in order: those named, else those the labels name (when every one
+    is a known patch set: labels only choose what is checked), else the shipped default."""
+    if request.patches or request.series_file is not None:
+        chosen = list(load(request.patches, series_file=request.series_file))   # order and `requires` checked
+    else:
+        carried = labels.get(SERIES_LABEL)
+        ids = label_ids(carried) if carried is not None else (labels.get(f"{LABEL_PREFIX}.patch.id", ""),)
+        by_id = {p.id: p for p in known(available())}
+        if ids and len(ids) <= 64 and all(i in by_id for i in ids):
+            run.notes.append(f"no patch set named: verifying what the image's labels name, {' + '.join(ids)}")
+            chosen = list(load(ids))
+        else:
+            chosen = list(load(()))
+    bare = [p for p in chosen if p.is_bare]
+    if bare:
+        raise BadInput(f"{bare[0].source.name} is a bare diff: --via registry checks reviewed post-image hashes",
+                       hint="name a patch set (an id or folder with patch.toml), or verify --image")
+    return chosen
+
+
+def _final_posts(variants: list[tuple[PatchSet, Variant]]) -> dict[str, str | None]:
+    final: dict[str, str | None] = {}
+    for _, variant in variants:
+        for path, reviewed in variant.files.items():
+            final[path] = reviewed.post_sha256
+    return final
+
+
+def _explained(other: str, final: dict[str, str | None], patchsets: list[PatchSet], release: str) -> bool:
+    """A known patch set reads `applied` when the series' files happen to hold its post-images (one
+    it requires, folded in): only a set with a file of its own outside the series is another set."""
+    found = next((p for p in patchsets if p.id == other), None)
+    if found is None:
+        return False
+    try:
+        files = found.variant_for(release).files
+    except DsparkPatchError:
+        return False
+    return all(path in final and final[path] == reviewed.post_sha256 for path, reviewed in files.items())
+
+
+def _row_problems(row: ImageStatus) -> list[str]:
+    problems = []
+    if row.reference is None:
+        problems.append("no published wheel is known for this release, so nothing proves its other files: "
+                        + ("; ".join(row.unverified[:1]) or "unverified"))
+    for what, items in (("differ from the published wheel", row.unexplained), ("are missing", row.missing),
+                        ("are not in the published wheel", row.added), ("have RECORD rows unlike the wheel's",
+                                                                        row.record_disagrees),
+                        ("are bytecode unlike its source", row.bytecode), ("are installer files unlike an installer's",
+                                                                           row.installer_findings),
+                        ("are other copies of vLLM", row.unimported)):
+        if items:
+            problems.append(f"{len(items)} file(s) {what}: {', '.join(items[:3])}")
+    return problems
+
+
+def _label_problems(labels: dict[str, str], series: list[PatchSet], variants: list[tuple[PatchSet, Variant]],
+                    final: dict[str, str | None]) -> list[str]:
+    files_label = labels.get(f"{LABEL_PREFIX}.files")
+    if files_label is None:
+        return [f"the image has no {LABEL_PREFIX}.* labels (it was not made by dspark-patch)"]
+    problems = []
+    carried = labels.get(SERIES_LABEL)
+    ids = [str(p.id) for p in series]
+    if len(series) > 1:
+        named = label_ids(carried) if carried is not None else None
+        if named is None or list(named) != ids or _series_digests(carried) != [v.diff_sha256 for _, v in variants]:
+            problems.append(f"label {SERIES_LABEL} does not name the series {' + '.join(str(i) for i in ids)}")
+    elif carried is not None:
+        problems.append(f"the image was made from a series ({carried[:120]}), not from {ids[0]} alone")
+    else:
+        if labels.get(f"{LABEL_PREFIX}.patch.id") != ids[0]:
+            problems.append(f"label {LABEL_PREFIX}.patch.id is {labels.get(f'{LABEL_PREFIX}.patch.id')!r}")
+        if labels.get(f"{LABEL_PREFIX}.patch.sha256") != variants[0][1].diff_sha256:
+            problems.append(f"label {LABEL_PREFIX}.patch.sha256 does not match the diff")
+    try:
+        listed = json.loads(files_label)
+    except ValueError:
+        return problems + [f"label {LABEL_PREFIX}.files is not JSON"]
+    if listed != final:
+        problems.append(f"label {LABEL_PREFIX}.files does not list the reviewed post-image hashes")
+    return problems
+
+
+def _series_digests(label: str | None) -> list[str] | None:
+    try:
+        return [str(m["sha256"]) for m in json.loads(label or "")]
+    except (ValueError, TypeError, KeyError):
+        return None
+
+
+def _integrity(row: ImageStatus, site: SiteFiles) -> IntegrityReport:
+    return IntegrityReport(checked=len(site.hashes), mismatched=row.unexplained,
+                           missing=row.missing, added=row.added, reference=row.reference,
+                           record_disagrees=row.record_disagrees, unverified=row.unverified,
+                           stale_bytecode=row.bytecode, installer_metadata=row.installer_metadata,
+                           installer_findings=row.installer_findings)
