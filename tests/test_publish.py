@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import re
 import subprocess
 import tarfile
@@ -25,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from dspark_patch.patchset import resolve
+from dspark_patch.report.audit_json import read_report
 from tests.support.cli import run
 from tests.support.images import fixture_image, official_032_image, official_image
 from tests.support.registry import login_registry_in, push_only_to_registry
@@ -119,8 +121,9 @@ def test_a_layer_made_in_image_and_published_with_no_engine_is_what_apply_image_
     assert said["sent"]["bytes"] < layer_size
     assert len(uploads) == 2
     assert said["bytecode_checked"] == len(VARIANT.files) == said["bytecode_recompiled"]
+    read_report(folder / "audit.json")   # the published report is a valid audit report (its schema)
     report = json.loads((folder / "audit.json").read_text())
-    assert report["result_image"]["repo_digest"] == said["repo_digest"]
+    assert report["target"]["kind"] == "image" and report["result_image"]["repo_digest"] == said["repo_digest"]
     assert report["target"]["image"]["id"] == json.loads(
         subprocess.run(["docker", "image", "inspect", official_image()], capture_output=True, text=True,
                        check=True).stdout)[0]["Id"]
@@ -157,7 +160,7 @@ def test_verify_via_registry_passes_the_published_image_with_no_engine(login_reg
     dest, said = published[0], published[1].json
     env = _env(login_registry, tmp_path)
     for via in (("--via", "registry"), ()):   # auto: no engine answers, so the registry
-        done = run("verify", "--image", dest, *via, "--json", env=env)
+        done = run("verify", "--image", dest, *via, "--json", "--report-dir", str(tmp_path / f"v{len(via)}"), env=env)
         assert done.returncode == 0, done.stderr[-2000:]
         report = done.json
         assert report["status"] == "verified" and report["target"]["image"]["repo_digest"] == said["repo_digest"]
@@ -206,7 +209,7 @@ def test_verify_via_registry_fails_an_image_that_does_not_carry_exactly_the_patc
         if local is not None:
             ref = f"{address}/team/crafted:{uuid.uuid4().hex[:10]}"
             push_only_to_registry(local, ref, config)
-        done = run("verify", "--image", ref, "--via", "registry", env=env)
+        done = run("verify", "--image", ref, "--via", "registry", "--report-dir", str(tmp_path / "verify"), env=env)
         line = done.assert_clean_error(1)
         assert "does not carry exactly dspark-skip-mtp-buffer" in line
         if case == "a file put on top of the published image":
@@ -352,3 +355,139 @@ def test_a_tag_that_exists_is_not_moved_without_force(
     again = _publish(sources["0.33.0"], out / "layer.tar", out / "r/audit.json", f"{address}/team/moved:x", env,
                      "--force")
     assert again.returncode == 0 and "OK: published" in again.stdout, again.stderr
+
+
+def test_the_dockerfile_recipe_writes_a_layer_that_publishes_with_no_engine(
+        login_registry, sources: dict[str, str], tmp_path: Path) -> None:
+    """docs/ci.md's Dockerfile shape: a stage FROM the serving image that runs the in-image apply
+    (the tool copied in, not installed into the image's packages); its outputs taken out of the
+    built stage with `docker cp`, then published onto the source by a run with no engine."""
+    address, config, log = login_registry
+    context = tmp_path / "context"
+    tool_folder(context / "dspark-patch")
+    (context / "Dockerfile").write_text(
+        f"FROM {official_image()} AS patched\n"
+        "USER root\n"
+        "COPY dspark-patch /tmp/dspark-patch\n"
+        f"RUN PYTHONPATH=/tmp/dspark-patch python3 -m dspark_patch apply --root {SITE} "
+        "--layer-out /tmp/layer.tar --report-dir /tmp/reports\n")
+    stage = f"dspark-patch-test/publish-stage:{uuid.uuid4().hex[:10]}"
+    container = None
+    try:
+        subprocess.run(["docker", "build", "--network", "none", "-q", "-t", stage, str(context)], check=True,
+                       capture_output=True, env={**os.environ, "DOCKER_BUILDKIT": "0"})
+        container = subprocess.run(["docker", "create", stage], capture_output=True, text=True, check=True).stdout.strip()
+        out = tmp_path / "out"
+        out.mkdir()
+        for name in ("layer.tar", "reports"):
+            subprocess.run(["docker", "cp", f"{container}:/tmp/{name}", str(out / name)], check=True, capture_output=True)
+    finally:
+        if container:
+            subprocess.run(["docker", "rm", "-f", container], capture_output=True, check=False)
+        subprocess.run(["docker", "rmi", "-f", stage], capture_output=True, check=False)
+    dest = f"{address}/team/served:dockerfile-{uuid.uuid4().hex[:6]}"
+    env = _env(login_registry, tmp_path)
+    done = _publish(sources["0.33.0"], out / "layer.tar", out / "reports/audit.json", dest, env)
+    assert done.returncode == 0 and "OK: published" in done.stdout, done.stderr[-3000:]
+    verify = run("verify", "--image", dest, "--via", "registry", "--report-dir", str(tmp_path / "verify"), env=env)
+    assert verify.returncode == 0 and "verdict: OK: verified" in verify.stderr, verify.stderr[-2000:]
+
+
+def test_sign_key_attaches_an_attestation_that_verifies_with_no_engine(
+        login_registry, sources: dict[str, str], jobs: dict[str, Path], tmp_path: Path) -> None:
+    from tests.support.keys import keyid, make_key
+
+    address, _, _ = login_registry
+    env = _env(login_registry, tmp_path)
+    key, other = make_key(tmp_path / "keys", "ci"), make_key(tmp_path / "keys", "other")
+    out = jobs["0.33.0"]
+    dest = f"{address}/team/served:signed-{uuid.uuid4().hex[:6]}"
+    done = _publish(sources["0.33.0"], out / "layer.tar", out / "r/audit.json", dest, env,
+                    "--sign-key", str(key.private), "--report-dir", str(tmp_path / "published"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    attached = json.loads((tmp_path / "published/audit.json").read_text())["attestations"]
+    assert [(a["state"], a["keyid"]) for a in attached] == [("attached", keyid(key.public))]
+    checked = run("verify", "--image", dest, "--attestation", "--key", str(key.public),
+                  "--report-dir", str(tmp_path / "checked"), env=env)
+    assert checked.returncode == 0, checked.stderr[-2000:]
+    wrong = run("verify", "--image", dest, "--attestation", "--key", str(other.public),
+                "--report-dir", str(tmp_path / "wrong"), env=env)
+    assert wrong.returncode == 1, wrong.stderr[-2000:]
+
+
+class _MovingSource:
+    """A loopback proxy in front of the registry that serves `moved`'s manifest for `tag` from the
+    second GET on: a source tag that moves while publish runs (a fault no real registry can be
+    made to show on cue)."""
+
+    def __init__(self, upstream: str, repository: str, tag: str, moved: str) -> None:
+        import http.server
+        import threading
+
+        import requests
+
+        gets = {"count": 0}
+        path = f"/v2/{repository}/manifests/{tag}"
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _forward(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else None
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "content-length")}
+
+                def forward(target: str) -> requests.Response:
+                    return requests.request(self.command, f"http://{upstream}{target}", headers=headers, data=body,
+                                            allow_redirects=False, timeout=60)
+
+                answer = forward(self.path)
+                if self.command == "GET" and self.path == path and answer.status_code == 200:  # not a login challenge
+                    gets["count"] += 1
+                    if gets["count"] >= 2:
+                        answer = forward(f"/v2/{repository}/manifests/{moved}")
+                self.send_response(answer.status_code)
+                for key, value in answer.headers.items():
+                    if key.lower() not in ("transfer-encoding", "content-length", "connection", "content-encoding"):
+                        self.send_header(key, value)
+                self.send_header("Content-Length", str(len(answer.content)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(answer.content)
+
+            do_GET = do_HEAD = do_POST = do_PUT = do_PATCH = do_DELETE = _forward
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.address = f"127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_source_that_moves_while_publish_runs_is_refused_and_nothing_is_pushed(
+        login_registry, sources: dict[str, str], jobs: dict[str, Path], tmp_path: Path) -> None:
+    address, config, log = login_registry
+    env = _env(login_registry, tmp_path)
+    # the layers' scans in the cache first, so that only manifests and configs go through the proxy
+    warm = run("status", "--via", "registry", "--image", sources["0.33.0"], env=env)
+    assert warm.returncode == 0, warm.stderr[-2000:]
+    proxy = _MovingSource(address, "team/vllm", "0.33.0", "0.32.0")
+    try:
+        proxied = tmp_path / "proxied-config"
+        proxied.mkdir()
+        auths = json.loads((config / "config.json").read_text())
+        auths["auths"][proxy.address] = auths["auths"][address]
+        (proxied / "config.json").write_text(json.dumps(auths))
+        out = jobs["0.33.0"]
+        dest = f"{proxy.address}/team/moved-source:x"
+        start = log.stat().st_size
+        done = _publish(f"{proxy.address}/team/vllm:0.33.0", out / "layer.tar", out / "r/audit.json", dest,
+                        {**env, "DOCKER_CONFIG": str(proxied)})
+        line = done.assert_clean_error(2)
+        assert "named sha256:" in line and "now" in line
+        assert _writes(log, start) == [] and not _tag_there(address, config, f"{address}/team/moved-source:x")
+    finally:
+        proxy.close()

@@ -237,12 +237,19 @@ def test_every_row_of_the_table_is_in_the_design_document():
 
 # --- through the CLI ---------------------------------------------------------------------------
 def test_without_an_engine_a_registry_name_is_one_line_exit_3(served, tmp_path):
+    """verify --via auto with no engine reads the image from its registry instead; an image the
+    registry lacks is then the engine's line (exit 3), with the registry's reason after it."""
     host, seen = served
     before = _manifest_reads(seen)
     res = run("verify", "--image", f"{host}/app:absent", "--report-dir", str(tmp_path / "r"),
               env={"DOCKER_HOST": "unix:///nonexistent/docker.sock"})
-    assert "DOCKER_HOST" in res.assert_clean_error(3)
-    assert _manifest_reads(seen) == before
+    line = res.assert_clean_error(3)
+    assert "DOCKER_HOST" in line and "nor could the registry be read instead" in line and "app:absent" in line
+    assert _manifest_reads(seen) == before + 1   # the registry was asked once, for that manifest
+    refused = run("verify", "--image", f"{host}/app:absent", "--via", "engine", "--report-dir", str(tmp_path / "e"),
+                  env={"DOCKER_HOST": "unix:///nonexistent/docker.sock"})
+    assert "DOCKER_HOST" in refused.assert_clean_error(3)
+    assert _manifest_reads(seen) == before + 1   # --via engine: never the registry
 
 
 @pytest.mark.engine

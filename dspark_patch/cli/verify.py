@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from .. import pipeline
-from ..errors import BadInput
+from ..errors import BadInput, DsparkPatchError
 from . import common, output
 
 
@@ -46,14 +46,15 @@ def verify(
             ref=image, key=str(key), patch=_one_patch(patch, series), platform=common.platform_request(platform)),
             on_step=output.step_printer(not as_json))
         common.finish(checked, report_dir=report_dir, as_json=as_json, junit=junit)
-    if _via_registry(via, root, image, python, platform, pull, strip):
+    chosen, no_engine = _via_registry(via, root, image, python, platform, pull, strip)
+    if chosen:
         from ..publish.verify import RegistryVerifyRequest, verify_registry
         from ..targets.caches.scans import parse_size
 
         assert image is not None
         checked = verify_registry(RegistryVerifyRequest(
             ref=image, patches=tuple(patch or ()), series_file=None if series is None else str(series),
-            cache_max=parse_size(cache_max, "--cache-max") if cache_max is not None else None),
+            cache_max=parse_size(cache_max, "--cache-max") if cache_max is not None else None, no_engine=no_engine),
             on_step=output.step_printer(not as_json))
         common.finish(checked, report_dir=report_dir, as_json=as_json, junit=junit)
     request = pipeline.VerifyRequest(target=common.target_spec(root, image, python, pull=pull, platform=platform),
@@ -65,9 +66,9 @@ def verify(
 
 
 def _via_registry(via: str, root: Path | None, image: str | None, python: str | None, platform: str | None,
-                  pull: str, strip: int | None) -> bool:
-    """Whether this verify reads its image from the registry: --via registry, or auto with an image
-    that names its registry when no engine answers."""
+                  pull: str, strip: int | None) -> tuple[bool, DsparkPatchError | None]:
+    """Whether this verify reads its image from the registry (--via registry, or auto with an image
+    that names its registry when no engine answers), and the engine's error when auto chose it."""
     if via not in ("auto", "engine", "registry"):
         raise BadInput(f"--via {via!r}: choose auto, engine or registry")
     if via == "registry":
@@ -80,20 +81,20 @@ def _via_registry(via: str, root: Path | None, image: str | None, python: str | 
         if pull != "missing":
             raise BadInput("--pull asks the engine to pull; --via registry reads the registry without one",
                            hint="drop --pull")
-        return True
+        return True, None
     if via == "engine" or image is None or root is not None or python is not None or platform is not None:
-        return False
+        return False, None
     from ..errors import EngineUnreachable
     from ..registry.index import registry_host
     from ..targets import open_store
 
     if registry_host(image) is None:
-        return False
+        return False, None
     try:
         open_store()
-    except EngineUnreachable:
-        return True
-    return False
+    except EngineUnreachable as exc:
+        return True, exc
+    return False, None
 
 
 def _one_patch(patches: list[str] | None, series: Path | None) -> str | None:

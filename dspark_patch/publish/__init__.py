@@ -11,8 +11,14 @@ registry has them (registry/upload.py); then, last, put the manifest under the t
 the source reference still names what was read and the tag is free (or --force), and read the
 digest back. Nothing is written before every proof holds; a failure after that leaves blobs no
 tag names (a registry's garbage collection takes them), never a tag on a partial image.
+
+An index: one in-image run per platform, each proven against that platform's image; every
+platform's image is pushed by its digest, then the new index (registry/index.py `republish`)
+under the tag, only when every platform of the source has its run. `--sign-key` signs the
+published report's statement and attaches it after the tag, as `apply --push --sign-key` does.
+verify.py is the other half of the engine-free route: `verify --via registry`.
 """
 
-from .run import Published, PublishRequest, publish
+from .run import LayerPair, Published, PublishRequest, publish
 
-__all__ = ["PublishRequest", "Published", "publish"]
+__all__ = ["LayerPair", "PublishRequest", "Published", "publish"]

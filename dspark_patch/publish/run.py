@@ -15,12 +15,13 @@ from ..imageref import ImageRef
 from ..patchset import PatchSet, available, known, patched_paths
 from ..registry.blobs import parse_image_manifest
 from ..registry.compose import append_config, append_manifest, gzip_layer
-from ..registry.index import Registry
-from ..registry.manifest import Manifest
+from ..registry.index import Registry, republish
+from ..registry.manifest import ImageIndex, Manifest, digest_of, parse_index
+from ..registry.platform_select import Platform
 from ..registry.upload import Sent, Uploader
 from ..report.audit_json import read_report
 from ..report.labels import labels_of_report
-from ..report.model import AuditReport, ImageRecord
+from ..report.model import AuditReport, ImageRecord, IndexReport, PlatformReport
 from ..status.fleet import DISTRIBUTION, row_from_site, scan_cache
 from ..status.registry_route import LayerReader
 from ..targets.caches.scans import ScanCache
@@ -35,95 +36,223 @@ LAYER_LIMIT = 256 << 20
 
 
 @dataclass(frozen=True, kw_only=True)
-class PublishRequest:
-    source: str                  # HOST/REPO:TAG or @digest: the image the in-image run ran in
+class LayerPair:
+    """One in-image run's outputs: the layer and the report it wrote, and for an index the
+    platform whose image it ran in."""
+
+    platform: str | None         # "linux/arm64" (an index's platform); None: the source is one image
     layer: Path                  # the --layer-out file
     report: Path                 # the audit.json of that run
+
+
+@dataclass(frozen=True, kw_only=True)
+class PublishRequest:
+    source: str                  # HOST/REPO:TAG or @digest: the image (or index) the in-image runs ran in
+    pairs: tuple[LayerPair, ...]  # one run's layer and report; for an index, one per platform
     tag: str                     # HOST/REPO:TAG to publish as
     force: bool = False          # move an existing tag
     cache_max: int | None = None  # the scan cache's bound (None: the environment's, or 1 GiB)
+    sign_key: str | None = None  # sign the statement of the published image(s) and attach it as a referrer
+    allow_open_key: bool = False  # a sign key group or others may read
 
 
 @dataclass(frozen=True, kw_only=True)
 class Published:
     ref: str                     # the tag written
-    repo_digest: str             # HOST/REPO@sha256:... of the new manifest, read back
-    image_id: str                # the new config's digest (what an engine calls the image id)
+    repo_digest: str             # HOST/REPO@sha256:... of the new manifest (or index), read back
+    image_id: str                # the new config's digest (an index: its first platform's)
     source_digest: str           # the source manifest's digest, the same at the end as at the start
-    layer_blob: str              # the new layer's blob digest (gzip)
-    layer_size: int              # the layer tar's size
+    layer_blob: str              # the new layer's blob digest (gzip; an index: its first platform's)
+    layer_size: int              # the layer tar's size (an index: all platforms' together)
     sent: Sent                   # what was uploaded, mounted, already there
     bytecode_checked: int        # .pyc files proven by their embedded source hash
     bytecode_recompiled: int     # of those, recompiled here and compared (this host's Python is the image's)
-    report: AuditReport          # the in-image report, naming the source and the published image
+    report: AuditReport          # the in-image report (an index: one per platform), naming source and result
+    platforms: tuple[str, ...] = ()   # an index: its platforms, in its order
     notes: tuple[str, ...] = ()
 
 
-def publish(request: PublishRequest) -> Published:
-    """Prove, compose, upload, then name: the tag is put last, and only when the source still is
-    what was read and the tag is still free (or --force)."""
-    src, dest = _references(request)
-    report = read_report(request.report)
-    claim = read_claim(report, str(request.report))
-    layer = ownfiles.read_regular(request.layer, limit=LAYER_LIMIT, what="layer")
+@dataclass(frozen=True, kw_only=True)
+class _Prepared:
+    """One platform image, proven and composed; nothing written yet."""
 
+    platform: str | None
+    source: Manifest             # its manifest in the source
+    source_ref: str              # HOST/REPO@sha256:... of it
+    manifest: bytes              # the new manifest
+    config: bytes                # the new config
+    blob: bytes                  # the layer, gzip
+    layer_size: int
+    checked: int
+    recompiled: int
+    report: AuditReport          # the in-image report naming its source, with our labels
+    notes: tuple[str, ...]
+
+
+def publish(request: PublishRequest) -> Published:
+    """Prove every platform, compose, upload, then name: the tag is put last, and only when the
+    source still is what was read and the tag is still free (or --force)."""
+    src, dest = _references(request)
+    signer = None
+    if request.sign_key is not None:   # a key that cannot sign stops the run before any work
+        from ..attest.dsse import load_signer
+
+        signer = load_signer(Path(request.sign_key), allow_open=request.allow_open_key)
     patchsets = known(available())
     retain = status_retain(DISTRIBUTION, patched_paths(patchsets))   # status's: its scan cache serves both
     reader = LayerReader(retain=retain, cache=scan_cache_for(patchsets, request.cache_max))
     registry = reader.registry(src.registry or "")
-    manifest = _image_manifest(registry, str(src))
-    config = reader.config(registry, str(src), manifest)
-    scans = reader.scans(registry, str(src), manifest, config)
-    view = merge_scans(scans, where=f"image {src}")
-    site = find_site(view, DISTRIBUTION, config.config, str(src))
-    prove_source(claim, view, site, row_from_site(str(src), site, patchsets), str(src))
+    top = registry.fetch(str(src))
+    index = parse_index(top) if top.is_index else None
+    chosen = _pairs(index, request.pairs, str(src))
+    prepared = [_prepare(reader, registry, src, dest, registry.fetch_platform(index, platform) if index and platform
+                         else top, pair, platform, patchsets) for platform, pair in chosen]
+
+    if signer is not None and any(one.report.series for one in prepared):
+        raise BadInput("--sign-key attests one patch set, and this report is of a series (which has no attestation yet)",
+                       hint="publish the series without --sign-key")
+    _still_the_source(registry, src, top)   # before anything is written, and again before the tag
+    target = registry if dest.registry == src.registry else Registry(dest.registry or "")
+    uploader = Uploader(target, dest.name)
+    if not request.force and uploader.tag_digest(dest.tag_or_latest) is not None:
+        raise TagExists(f"{dest} exists in its registry", hint="choose another --tag, or pass --force to move it")
+    images, ids = _upload(prepared, uploader, registry, dest, as_index=index is not None)
+    body, media_type = (republish(index, images), top.media_type) if index is not None else (
+        prepared[0].manifest, prepared[0].source.media_type)
+    _still_the_source(registry, src, top)
+    if not request.force and uploader.tag_digest(dest.tag_or_latest) is not None:
+        raise TagRace(f"{dest} was pushed by someone else while this publish ran; it was not moved",
+                      hint="find which job pushed it; publish again with another --tag, or --force")
+    pushed = target.push(str(dest), body, media_type)
+    back = target.fetch(str(dest))
+    if back.digest != pushed.digest:
+        raise TagRace(f"{dest} names {back.digest}, not the {pushed.digest} this publish put: another push moved it",
+                      hint="find which job pushed last; publish again")
+    repo_digest = f"{dest.name}@{pushed.digest}"
+    final = _final_report(prepared, index, images, src, top, dest, repo_digest, ids)
+    if signer is not None:   # after the tag, as `apply --push --sign-key` does: a failure here says so
+        from ..pipeline.attestation import sign_and_attach
+
+        final = sign_and_attach(final, signer, None)
+    notes = tuple(dict.fromkeys(n for one in prepared for n in one.notes))
+    return Published(ref=str(dest), repo_digest=repo_digest, image_id=ids[0], source_digest=top.digest,
+                     layer_blob="sha256:" + hashlib.sha256(prepared[0].blob).hexdigest(),
+                     layer_size=sum(one.layer_size for one in prepared), sent=uploader.sent,
+                     bytecode_checked=sum(one.checked for one in prepared),
+                     bytecode_recompiled=sum(one.recompiled for one in prepared), report=final,
+                     platforms=tuple(str(p) for p in (index.platforms if index else ())), notes=notes)
+
+
+def _upload(prepared: list[_Prepared], uploader: Uploader, source: Registry, dest: ImageRef, *,
+            as_index: bool) -> tuple[dict[Platform, Manifest], list[str]]:
+    """Each image's blobs into the destination (the source's layers never sent again when the
+    registry has them); for an index, each platform's manifest by its digest too. Returns those
+    manifests by platform, and the configs' digests (the image ids)."""
+    target = uploader.registry
+    images: dict[Platform, Manifest] = {}
+    ids = []
+    for one in prepared:
+        _base_layers(uploader, source, one.source_ref, one.source, same_registry=target is source)
+        uploader.put(one.blob)
+        ids.append(uploader.put(one.config))
+        if as_index and one.platform is not None:
+            images[Platform.parse(one.platform)] = target.push(f"{dest.name}@{digest_of(one.manifest)}", one.manifest,
+                                                               one.source.media_type)
+    return images, ids
+
+
+def _pairs(index: ImageIndex | None, pairs: tuple[LayerPair, ...], src: str) -> list[tuple[Platform | None, LayerPair]]:
+    """Which run's outputs go onto which image: the one pair for a single image; for an index, one
+    pair per platform it lists (every one: an index is published whole or not at all)."""
+    if index is None:
+        if len(pairs) != 1:
+            raise BadInput(f"{src} is one image, and {len(pairs)} layers were given",
+                           hint="give one --layer and one --report (several are for an index, PLATFORM=FILE each)")
+        return [(None, pairs[0])]
+    if any(p.platform is None for p in pairs):
+        raise BadInput(f"{src} is an image index of {', '.join(map(str, index.platforms))}: name each layer's and "
+                       "report's platform", hint="write --layer PLATFORM=FILE --report PLATFORM=FILE for each platform")
+    found: list[tuple[Platform | None, LayerPair]] = []
+    for platform in index.platforms:
+        mine = [p for p in pairs if platform.matches(Platform.parse(p.platform or ""))]
+        if len(mine) != 1:
+            raise BadInput(f"{'no' if not mine else 'more than one'} --layer/--report for {platform} of {src}; the "
+                           "index is published only with every platform's layer", hint=(
+                               f"run the in-image job on {platform} too, and give its files as {platform}=FILE"
+                               if not mine else f"give one {platform}=FILE each"))
+        found.append((platform, mine[0]))
+    extra = [p.platform for p in pairs if not any(p is pair for _, pair in found)]
+    if extra:
+        raise BadInput(f"{src} has no {extra[0]} image", hint=f"its platforms: {', '.join(map(str, index.platforms))}")
+    return found
+
+
+def _prepare(reader: LayerReader, registry: Registry, src: ImageRef, dest: ImageRef, manifest: Manifest,
+             pair: LayerPair, platform: Platform | None, patchsets: list[PatchSet]) -> _Prepared:
+    """Prove one run's report and layer against one image of the source, and compose its result."""
+    where = f"{src}" if platform is None else f"{src} ({platform})"
+    report = read_report(pair.report)
+    claim = read_claim(report, str(pair.report))
+    layer = ownfiles.read_regular(pair.layer, limit=LAYER_LIMIT, what="layer")
+    source_ref = f"{src.name}@{manifest.digest}"
+    config = reader.config(registry, source_ref, manifest)
+    scans = reader.scans(registry, source_ref, manifest, config)
+    view = merge_scans(scans, where=f"image {where}")
+    site = find_site(view, DISTRIBUTION, config.config, where)
+    prove_source(claim, view, site, row_from_site(where, site, patchsets), where)
     entries = prove_layer(claim, layer, view)
     checked = prove_bytecode(claim, layer, entries)
+    retain = status_retain(DISTRIBUTION, patched_paths(patchsets))
     after = merge_scans([*scans, scan_layer(io.BytesIO(layer), where="the new layer", retain=retain)],
                         where=f"image {dest}")
     site_after = find_site(after, DISTRIBUTION, config.config, str(dest))
-    row_after = row_from_site(str(dest), site_after, patchsets)
-    prove_result(claim, site_after, row_after, str(dest))
+    prove_result(claim, site_after, row_from_site(str(dest), site_after, patchsets), str(dest))
     notes = []
     # status/bytecode.py recompiled the patched modules' bytecode when this host's Python is the image's
     recompiled = checked if _host_minor() == claim.python_minor else 0
     if not recompiled:
         notes.append(f"bytecode checked by its embedded source hashes, not recompiled (this host's Python is not "
                      f"the image's {claim.python_minor})")
-
-    source_ref = replace(src, tag=None, digest=manifest.digest)
-    labels = labels_of_report(_with_source(report, str(src), config.digest), report.tool_version)
+    labelled = _with_source(report, where if platform is None else source_ref, config.digest)
+    labels = labels_of_report(labelled, report.tool_version)
     created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    new_config = append_config(registry.fetch_blob(str(source_ref), config.digest), diff_id=claim.diff_id,
+    new_config = append_config(registry.fetch_blob(source_ref, config.digest), diff_id=claim.diff_id,
                                labels=labels, created=created)
     blob = gzip_layer(layer)
-    new_manifest = append_manifest(manifest, config=new_config, layer_blob=blob)
+    return _Prepared(platform=None if platform is None else str(platform), source=manifest, source_ref=source_ref,
+                     manifest=append_manifest(manifest, config=new_config, layer_blob=blob), config=new_config,
+                     blob=blob, layer_size=len(layer), checked=checked, recompiled=recompiled,
+                     report=replace(labelled, labels=labels), notes=tuple(notes))
 
-    target = registry if dest.registry == src.registry else Registry(dest.registry or "")
-    uploader = Uploader(target, dest.name)
-    if not request.force and uploader.tag_digest(dest.tag_or_latest) is not None:
-        raise TagExists(f"{dest} exists in its registry", hint="choose another --tag, or pass --force to move it")
-    _base_layers(uploader, registry, str(source_ref), manifest, same_registry=target is registry)
-    uploader.put(blob)
-    image_id = uploader.put(new_config)
-    _still_the_source(registry, src, manifest)
-    if not request.force and uploader.tag_digest(dest.tag_or_latest) is not None:
-        raise TagRace(f"{dest} was pushed by someone else while this publish ran; it was not moved",
-                      hint="find which job pushed it; publish again with another --tag, or --force")
-    pushed = target.push(str(dest), new_manifest, manifest.media_type)
-    back = target.fetch(str(dest))
-    if back.digest != pushed.digest:
-        raise TagRace(f"{dest} names {back.digest}, not the {pushed.digest} this publish put: another push moved it",
-                      hint="find which job pushed last; publish again")
-    repo_digest = f"{dest.name}@{pushed.digest}"
-    final = replace(_with_source(report, str(src), config.digest),
-                    result_image=ImageRecord(ref=str(dest), id=image_id, repo_digest=repo_digest),
-                    labels=labels, notes=(*report.notes, f"published {dest} as {repo_digest} with no engine "
-                                          f"(the layer onto {src.name}@{manifest.digest})", *notes))
-    return Published(ref=str(dest), repo_digest=repo_digest, image_id=image_id, source_digest=manifest.digest,
-                     layer_blob="sha256:" + hashlib.sha256(blob).hexdigest(), layer_size=len(layer),
-                     sent=uploader.sent, bytecode_checked=checked, bytecode_recompiled=recompiled, report=final,
-                     notes=tuple(notes))
+
+def _final_report(prepared: list[_Prepared], index: ImageIndex | None, images: dict[Platform, Manifest],
+                  src: ImageRef, top: Manifest, dest: ImageRef, repo_digest: str, ids: list[str]) -> AuditReport:
+    """The in-image report naming the published image; for an index, one report per platform
+    under the index's."""
+    said = f"published {dest} as {repo_digest} with no engine"
+
+    def result(one: _Prepared, image_id: str, ref: str, digest: str) -> AuditReport:
+        return replace(one.report, result_image=ImageRecord(ref=ref, id=image_id, repo_digest=digest),
+                       notes=(*one.report.notes, *one.notes))
+
+    if index is None:
+        one = prepared[0]
+        done = result(one, ids[0], str(dest), repo_digest)
+        return replace(done, notes=(*done.notes, f"{said} (the layer onto {src.name}@{top.digest})"))
+    platforms = tuple(PlatformReport(
+        platform=str(one.platform), source_manifest=one.source.digest, emulated=False,
+        result_manifest=images[Platform.parse(str(one.platform))].digest,
+        report=result(one, image_id, f"{dest.name}@{images[Platform.parse(str(one.platform))].digest}",
+                      f"{dest.name}@{images[Platform.parse(str(one.platform))].digest}"))
+        for one, image_id in zip(prepared, ids, strict=True))
+    first = prepared[0].report
+    return replace(first, target=replace(first.target, image=ImageRecord(ref=str(src), id=top.digest)),
+                   result_image=ImageRecord(ref=str(dest), id=ids[0], repo_digest=repo_digest), labels={},
+                   index=IndexReport(ref=str(src), media_type=top.media_type, digest=top.digest,
+                                     platforms=tuple(str(p) for p in index.platforms), result_ref=str(dest),
+                                     result_digest=repo_digest.rpartition("@")[2]),
+                   platforms=platforms, notes=(*first.notes, f"{said}: the index of {len(platforms)} platform "
+                                               "images, each its in-image run's layer onto the source's"))
 
 
 def scan_cache_for(patchsets: list[PatchSet], cache_max: int | None) -> ScanCache:
@@ -144,18 +273,11 @@ def _references(request: PublishRequest) -> tuple[ImageRef, ImageRef]:
     return src, dest
 
 
-def _image_manifest(registry: Registry, ref: str) -> Manifest:
-    manifest = registry.fetch(ref)
-    if manifest.is_index:
-        raise BadInput(f"{ref} is an image index; publish takes one platform's image",
-                       hint=f"publish onto {ref.rsplit(':', 1)[0]}@DIGEST, the platform image the in-image job ran in")
-    return manifest
-
-
 def _with_source(report: AuditReport, src: str, config_digest: str) -> AuditReport:
     """The report as `apply --image` of that source would have it at its commit: its target's image
-    is the source (what the report digest label covers)."""
-    return replace(report, target=replace(report.target, image=ImageRecord(ref=src, id=config_digest)))
+    is the source image (whose id the report digest label covers), the run's site folder in it."""
+    return replace(report, target=replace(report.target, kind="image", ref=src,
+                                          image=ImageRecord(ref=src, id=config_digest)))
 
 
 def _base_layers(uploader: Uploader, registry: Registry, source_ref: str, manifest: Manifest, *,
@@ -187,4 +309,4 @@ def _host_minor() -> str:
     return f"{sys.version_info[0]}.{sys.version_info[1]}"
 
 
-__all__ = ["Claim", "PublishRequest", "Published", "publish", "refuse"]
+__all__ = ["Claim", "LayerPair", "PublishRequest", "Published", "publish", "refuse"]

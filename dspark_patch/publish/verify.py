@@ -23,17 +23,27 @@ import sys
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from ..errors import BadInput, DsparkPatchError, StackedLayer, VerifyMismatch
+from ..errors import BadInput, DsparkPatchError, StackedLayer, TargetNotFound, VerifyMismatch
 from ..imageref import ImageRef
 from ..patchset import PatchSet, Variant, available, known, patched_paths
 from ..pipeline.image_steps import label_ids
 from ..pipeline.our_layer import OurLayer, check_our_layer
 from ..pipeline.runlog import RunLog, StepCallback
 from ..registry.blobs import parse_image_manifest
-from ..registry.index import Registry
+from ..registry.index import Registry, RegistryUnreachable
+from ..registry.manifest import ImageIndex, Manifest, parse_index
 from ..report.checks import record_checks
 from ..report.labels import LABEL_PREFIX, SERIES_LABEL
-from ..report.model import AuditReport, DistributionInfo, FileReport, ImageRecord, IntegrityReport, TargetReport
+from ..report.model import (
+    AuditReport,
+    DistributionInfo,
+    FileReport,
+    ImageRecord,
+    IndexReport,
+    IntegrityReport,
+    PlatformReport,
+    TargetReport,
+)
 from ..report.status_model import ImageStatus
 from ..series import load
 from ..status.bytecode import check as check_bytecode
@@ -46,44 +56,92 @@ from ..targets.views.site_files import SiteFiles
 
 @dataclass(frozen=True, kw_only=True)
 class RegistryVerifyRequest:
-    ref: str                          # HOST/REPO:TAG or @digest of one platform's image
+    ref: str                          # HOST/REPO:TAG or @digest: one image, or an index (each platform)
     patches: tuple[str, ...] = ()     # patch sets (ids, folders) in series order; () the labels' (or the default)
     series_file: str | None = None    # --series: a file naming them, one a line
     cache_max: int | None = None      # the scan cache's bound
+    # `--via auto` with no engine answering: the engine's error. The run then says it read the
+    # registry instead, and an image the registry does not have (or a registry that does not
+    # answer) is that error, with the registry's reason: the engine was what the user asked for.
+    no_engine: DsparkPatchError | None = None
 
 
 def verify_registry(request: RegistryVerifyRequest, *, on_step: StepCallback | None = None) -> AuditReport:
+    """One image, or every platform image of an index (each verified as one image; the run
+    passes only when each does)."""
+    from .run import scan_cache_for
+
     run = RunLog.start("verify", TargetReport(kind="image", ref=request.ref), on_step)
     try:
-        return record_checks(_verify(request, run))
+        ref = ImageRef.parse(request.ref)
+        if ref.registry is None:
+            raise BadInput(f"--via registry reads {request.ref} from its registry, and it names none",
+                           hint="write --image HOST[:PORT]/REPOSITORY:TAG")
+        patchsets = known(available())
+        reader = LayerReader(retain=status_retain(DISTRIBUTION, patched_paths(patchsets)),
+                             cache=scan_cache_for(patchsets, request.cache_max))
+        with run.step("resolve"):
+            registry, manifest = _fetch(reader, ref.registry, request)
+        if request.no_engine is not None:
+            run.notes.append("no engine answered at $DOCKER_HOST: the image was read from its registry (--via auto)")
+        if not manifest.is_index:
+            return record_checks(_verify(request, run, reader, registry, manifest, request.ref))
+        return record_checks(_verify_index(request, run, reader, registry, parse_index(manifest), ref))
     except DsparkPatchError as exc:
         return record_checks(run.report("failed", exc))
 
 
-def _verify(request: RegistryVerifyRequest, run: RunLog) -> AuditReport:
-    from .run import scan_cache_for
+def _fetch(reader: LayerReader, host: str, request: RegistryVerifyRequest) -> tuple[Registry, Manifest]:
+    try:
+        registry = reader.registry(host)
+        return registry, registry.fetch(request.ref)
+    except (RegistryUnreachable, TargetNotFound) as exc:
+        engine = request.no_engine
+        if engine is None:
+            raise
+        raise type(engine)(f"{engine.message}; nor could the registry be read instead: {exc.message}",
+                           hint=engine.hint) from None
 
-    ref = ImageRef.parse(request.ref)
-    if ref.registry is None:
-        raise BadInput(f"--via registry reads {request.ref} from its registry, and it names none",
-                       hint="write --image HOST[:PORT]/REPOSITORY:TAG")
+
+def _verify_index(request: RegistryVerifyRequest, run: RunLog, reader: LayerReader, registry: Registry,
+                  index: ImageIndex, ref: ImageRef) -> AuditReport:
+    platforms = []
+    for platform in index.platforms:
+        with run.step(f"platform {platform}"):
+            manifest = registry.fetch_platform(index, platform)
+            digest_ref = f"{ref.name}@{manifest.digest}"
+            one = RunLog.start("verify", TargetReport(kind="image", ref=digest_ref), None)
+            try:
+                report = record_checks(_verify(request, one, reader, registry, manifest, digest_ref))
+            except DsparkPatchError as exc:
+                report = record_checks(one.report("failed", exc))
+        platforms.append(PlatformReport(platform=str(platform), source_manifest=manifest.digest, emulated=False,
+                                        report=report))
+    run.update(index=IndexReport(ref=request.ref, media_type=index.manifest.media_type, digest=index.manifest.digest,
+                                 platforms=tuple(str(p) for p in index.platforms)), platforms=tuple(platforms))
+    failed = [p for p in platforms if p.report.status != "verified"]
+    if failed:
+        first = failed[0].report.errors[0] if failed[0].report.errors else None
+        more = f" (and {len(failed) - 1} more platform(s))" if len(failed) > 1 else ""
+        raise VerifyMismatch(f"{failed[0].platform}: {first.message if first else 'not verified'}{more}",
+                             hint=first.hint if first and first.hint else "see the report of each platform")
+    return run.report("verified")
+
+
+def _verify(request: RegistryVerifyRequest, run: RunLog, reader: LayerReader, registry: Registry,
+            manifest: Manifest, where: str) -> AuditReport:
+    """One platform's image: `where` names it (the reference given, or NAME@DIGEST in an index)."""
+    ref = ImageRef.parse(where)
     patchsets = known(available())
-    reader = LayerReader(retain=status_retain(DISTRIBUTION, patched_paths(patchsets)),
-                         cache=scan_cache_for(patchsets, request.cache_max))
-    with run.step("resolve"):
-        registry: Registry = reader.registry(ref.registry)
-        manifest = registry.fetch(request.ref)
-        if manifest.is_index:
-            raise BadInput(f"{request.ref} is an image index; --via registry verifies one platform's image",
-                           hint=f"verify {ref.name}@DIGEST of the platform (`status --via registry` lists them)")
-        config = reader.config(registry, request.ref, manifest)
+    with run.step("config"):
+        config = reader.config(registry, where, manifest)
     with run.step("layers"):
-        scans = reader.scans(registry, request.ref, manifest, config)
-        site = find_site(merge_scans(scans, where=f"image {request.ref}"), DISTRIBUTION, config.config, request.ref)
-    run.update(target=TargetReport(kind="image", ref=request.ref, python=None, python_version=site.python,
+        scans = reader.scans(registry, where, manifest, config)
+        site = find_site(merge_scans(scans, where=f"image {where}"), DISTRIBUTION, config.config, where)
+    run.update(target=TargetReport(kind="image", ref=where, python=None, python_version=site.python,
                                    distribution=DistributionInfo(name=site.distribution, version=site.release,
                                                                  location=site.location),
-                                   image=ImageRecord(ref=request.ref, id=config.digest,
+                                   image=ImageRecord(ref=where, id=config.digest,
                                                      repo_digest=f"{ref.name}@{manifest.digest}")))
     labels = {str(k): str(v) for k, v in ((config.config.get("Labels") or {}).items())}
     series = _series(request, labels, run)
@@ -108,7 +166,7 @@ def _verify(request: RegistryVerifyRequest, run: RunLog) -> AuditReport:
                                                   if post is None else "not the series' post-image"))
 
     with run.step("integrity"):
-        row = row_from_site(request.ref, site, patchsets)
+        row = row_from_site(where, site, patchsets)
         proven = check_bytecode(site).proven   # the patched modules' bytecode, recompiled and compared
         run.update(integrity=replace(_integrity(row, site), bytecode_checked=proven))
         states = dict(row.patch_sets)
@@ -141,7 +199,7 @@ def _verify(request: RegistryVerifyRequest, run: RunLog) -> AuditReport:
     run.skipped("probe", "--via registry runs nothing of the image; `verify --image` runs the probe")
     if problems:
         more = f" (and {len(problems) - 3} more; see the report)" if len(problems) > 3 else ""
-        raise VerifyMismatch(f"{request.ref} does not carry exactly {' + '.join(ids)}: " + "; ".join(problems[:3]) + more,
+        raise VerifyMismatch(f"{where} does not carry exactly {' + '.join(ids)}: " + "; ".join(problems[:3]) + more,
                              hint="verify the image the series was published as, or apply it to the source and publish again")
     return run.report("verified")
 

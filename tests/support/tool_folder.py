@@ -70,10 +70,12 @@ def _dependencies() -> Path:
     return folder
 
 
-def tool_folder(where: Path) -> Path:
+def tool_folder(where: Path, *, arm64: bool = False) -> Path:
     """A fresh folder at `where`: the dependencies (hard links into the cached copy) and the tool's
-    wheel built from this checkout, installed with `pip install --no-deps --target`."""
-    shutil.copytree(_dependencies(), where, copy_function=os.link, ignore=shutil.ignore_patterns(".complete"))
+    wheel built from this checkout, installed with `pip install --no-deps --target`. `arm64`: for
+    the arm64 official-shape fixture's python (CPython 3.13, aarch64; `_arm64_dependencies`)."""
+    shutil.copytree(_arm64_dependencies() if arm64 else _dependencies(), where, copy_function=os.link,
+                    ignore=shutil.ignore_patterns(".complete"))
     where.chmod(0o755)
     with tempfile.TemporaryDirectory() as tmp:
         # Built from a copy: a build in the checkout would leave build/ and *.egg-info there.
@@ -89,3 +91,57 @@ def tool_folder(where: Path) -> Path:
         subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(where),
                         str(wheel)], check=True, capture_output=True)
     return where
+
+
+# Debian trixie's packages of the tool's dependencies, as a team whose arm64 runner has no
+# wheels of them would install them; the package index this machine reaches has no aarch64
+# wheels of pydantic-core, which the index's typer needs.
+ARM64_PACKAGES = ("python3-typer", "python3-rich", "python3-jsonschema", "python3-docker", "python3-requests",
+                  "python3-cryptography")
+# Pure-Python dependencies taken from this virtualenv: Debian has no oras, and trixie's unidiff
+# (0.7.5) reads no file modes.
+PURE_FROM_HERE = ("oras", "unidiff")
+
+
+def _copy_distribution(name: str, into: Path) -> None:
+    dist = md.distribution(name)
+    for entry in dist.files or ():
+        rel = Path(str(entry))
+        if rel.is_absolute() or ".." in rel.parts or "__pycache__" in rel.parts:
+            continue
+        source = Path(str(dist.locate_file(entry)))
+        if source.is_file():
+            (into / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, into / rel)
+
+
+def _arm64_dependencies() -> Path:
+    """The tool's dependencies for CPython 3.13 on aarch64: Debian trixie's arm64 packages
+    (`mmdebstrap --variant=extract`, the way scripts/build-arm64-fixture gets the fixture's
+    torch; unpacked, nothing run), their dist-packages folder, plus PURE_FROM_HERE. Cached."""
+    pure = [f"{name}=={md.version(name)}" for name in PURE_FROM_HERE]
+    key = hashlib.sha256("\n".join([*ARM64_PACKAGES, *pure]).encode()).hexdigest()[:12]
+    folder = CACHE / "tool-deps" / f"trixie-arm64-{key}"
+    if (folder / ".complete").exists():
+        return folder
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=folder.parent) as tmp:
+        rootfs = Path(tmp) / "rootfs"
+        mirror = subprocess.run(["bash", "-c", f"source {ROOT}/scripts/lib.sh && debian_mirror"], capture_output=True,
+                                text=True, check=True).stdout.strip()
+        subprocess.run(["mmdebstrap", "--quiet", "--variant=extract", "--architectures=arm64",
+                        f"--include={','.join(ARM64_PACKAGES)}", "--hook-dir=/usr/share/mmdebstrap/hooks/merged-usr",
+                        "trixie", str(rootfs), mirror], check=True, capture_output=True, stdin=subprocess.DEVNULL)
+        made = Path(tmp) / "deps"
+        shutil.copytree(rootfs / "usr/lib/python3/dist-packages", made, symlinks=True)
+        for name in PURE_FROM_HERE:
+            for old in [*made.glob(f"{name}"), *made.glob(f"{name}-*")]:
+                shutil.rmtree(old) if old.is_dir() else old.unlink()
+            _copy_distribution(name, made)
+        subprocess.run(["chmod", "-R", "a+rX", str(made)], check=True)
+        (made / ".complete").touch()
+        try:
+            made.rename(folder)
+        except OSError:   # another worker made it meanwhile
+            pass
+    return folder

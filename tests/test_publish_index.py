@@ -1,0 +1,137 @@
+"""`publish` of an amd64+arm64 index: one in-image job per platform, then the new index, with no
+engine; the result beside what `apply --platform all --push` makes of the same index.
+
+The source is the official shape on both platforms (uv, no bytecode, USER 2000), as one index in a
+loopback registry behind a login. Each platform's job is a container of that platform's image
+run as root with the tool mounted read-only (the arm64 one under qemu; its python is trixie's
+3.13, so its tool folder holds Debian's arm64 packages of the tool's dependencies:
+support/tool_folder.py). `publish` takes the two layers and reports as PLATFORM=FILE pairs and
+refuses to publish the index without every platform's.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+
+from dspark_patch.report.audit_json import read_report
+from tests.support.cli import run
+from tests.support.images import official_image
+from tests.support.index import arm64_official_image, publish_index, remove_images_from
+from tests.support.registry import login_registry_in
+from tests.support.tool_folder import tool_folder
+
+pytestmark = [pytest.mark.engine, pytest.mark.registry, pytest.mark.emulation]
+
+USER, PASSWORD = "publisher", "s3cret-for-the-index"
+NO_ENGINE = "tcp://127.0.0.1:9"
+SITES = {"linux/amd64": "/usr/local/lib/python3.11/dist-packages",
+         "linux/arm64": "/usr/local/lib/python3.13/dist-packages"}
+
+
+@pytest.fixture(scope="module")
+def index(tmp_path_factory: pytest.TempPathFactory):
+    """(the login registry, the official index's ref) with the registry's login in DOCKER_CONFIG."""
+    with login_registry_in(tmp_path_factory.mktemp("publish-index"), USER, PASSWORD) as reg, \
+            pytest.MonkeyPatch.context() as env:
+        env.setenv("DOCKER_CONFIG", str(reg.config))   # publish_index writes the index with our client
+        try:
+            found = publish_index(reg.address, repository="team/vllm", tag="0.33.0",
+                                  sources=(official_image(), arm64_official_image()))
+            yield reg, found.ref
+        finally:
+            remove_images_from(reg.address)
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Each platform's in-image job: its output folder (layer.tar, r/audit.json)."""
+    found = {}
+    for platform, image, arm64 in (("linux/amd64", official_image(), False),
+                                   ("linux/arm64", arm64_official_image(), True)):
+        tool = tool_folder(tmp_path_factory.mktemp("tool") / "dspark-patch", arm64=arm64)
+        out = tmp_path_factory.mktemp(f"job-{platform.replace('/', '-')}")
+        out.chmod(0o777)
+        done = subprocess.run(
+            ["docker", "run", "--rm", "--network", "none", "--platform", platform, "--user", "0",
+             "--name", f"dspark-test-publish-index-{uuid.uuid4().hex[:10]}", "-v", f"{tool}:/opt/dspark-patch:ro",
+             "-v", f"{out}:/out", "-e", "PYTHONPATH=/opt/dspark-patch", "--entrypoint", "python3", image,
+             "-m", "dspark_patch", "apply", "--root", SITES[platform], "--layer-out", "/out/layer.tar",
+             "--report-dir", "/out/r"], capture_output=True, text=True, timeout=900, check=False)
+        assert done.returncode == 0, done.stderr[-3000:]
+        found[platform] = out
+    return found
+
+
+def _pairs(jobs: dict[str, Path], platforms=("linux/amd64", "linux/arm64")) -> list[str]:
+    argv = []
+    for platform in platforms:
+        argv += ["--layer", f"{platform}={jobs[platform] / 'layer.tar'}", "--report",
+                 f"{platform}={jobs[platform] / 'r/audit.json'}"]
+    return argv
+
+
+def _config(ref: str, config: Path, platform: str) -> dict:
+    arch = platform.split("/")[1]
+    return json.loads(subprocess.run(
+        ["skopeo", "inspect", "--config", "--tls-verify=false", "--override-arch", arch, "--authfile",
+         str(config / "config.json"), f"docker://{ref}"], capture_output=True, text=True, check=True).stdout)
+
+
+def test_an_index_is_published_from_one_job_per_platform_and_verifies_with_and_without_an_engine(
+        index, jobs: dict[str, Path], tmp_path: Path) -> None:
+    reg, source = index
+    env = {"DOCKER_HOST": NO_ENGINE, "DOCKER_CONFIG": str(reg.config), "DSPARK_PATCH_CACHE": str(tmp_path / "cache")}
+    dest = f"{reg.address}/team/vllm:0.33.0-dspark"
+
+    # Without the arm64 job's files the index is not published.
+    missing = run("publish", "--image", source, *_pairs(jobs, ("linux/amd64",)), "--tag", dest, env=env)
+    assert "no --layer/--report for linux/arm64/v8" in missing.assert_clean_error(2)
+    assert subprocess.run(["skopeo", "inspect", "--raw", "--tls-verify=false", "--authfile",
+                           str(reg.config / "config.json"), f"docker://{dest}"], capture_output=True).returncode != 0
+
+    done = run("publish", "--image", source, *_pairs(jobs), "--tag", dest, "--json",
+               "--report-dir", str(tmp_path / "published"), env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = done.json
+    assert said["platforms"] == ["linux/amd64", "linux/arm64/v8"]
+    # two layers and two configs sent; every base layer of both platforms already in team/vllm,
+    # none sent again
+    base = sum(len(_config(source, reg.config, p)["rootfs"]["diff_ids"]) for p in ("linux/amd64", "linux/arm64"))
+    assert said["sent"]["uploaded"] == 4 and said["sent"]["copied_bytes"] == 0
+    assert said["sent"]["present"] + said["sent"]["mounted"] == base
+    assert said["sent"]["bytes"] < said["layer_size"]
+    read_report(tmp_path / "published/audit.json")   # a valid audit report (its schema)
+    report = json.loads((tmp_path / "published/audit.json").read_text())
+    assert [p["platform"] for p in report["platforms"]] == ["linux/amd64", "linux/arm64/v8"]
+    assert report["index"]["result_digest"] == said["repo_digest"].rpartition("@")[2]
+
+    # With no engine: verify (auto picks the registry) passes on both platforms; the arm64 one's
+    # bytecode (Python 3.13) was checked by its embedded source hash, not recompiled here.
+    verify = run("verify", "--image", dest, "--json", "--report-dir", str(tmp_path / "verify-registry"), env=env)
+    assert verify.returncode == 0, verify.stderr[-3000:]
+    by_platform = {p["platform"]: p["report"] for p in verify.json["platforms"]}
+    assert [r["status"] for r in by_platform.values()] == ["verified", "verified"]
+    assert by_platform["linux/amd64"]["integrity"]["bytecode_checked"] == 2
+    assert any("not recompiled" in n for n in by_platform["linux/arm64/v8"]["notes"])
+
+    # With an engine: `verify --platform all` of the pushed index (each probe run, arm64's under
+    # qemu), and `apply --platform all --push`
+    # of the same source gives each platform the same config (our labels included).
+    applied = f"{reg.address}/team/vllm:0.33.0-applied"
+    res = run("verify", "--image", dest, "--platform", "all", "--json",
+              "--report-dir", str(tmp_path / "verify-engine"), env={"DOCKER_CONFIG": str(reg.config)})
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert [p["report"]["status"] for p in res.json["platforms"]] == ["verified", "verified"]
+    res = run("apply", "--image", source, "--platform", "all", "--tag", applied, "--push",
+              "--report-dir", str(tmp_path / "apply"), env={"DOCKER_CONFIG": str(reg.config)})
+    assert res.returncode == 0, res.stderr[-3000:]
+    for platform in ("linux/amd64", "linux/arm64"):
+        mine, theirs = _config(dest, reg.config, platform), _config(applied, reg.config, platform)
+        assert mine["config"] == theirs["config"], platform
+        assert mine["rootfs"]["diff_ids"][:-1] == theirs["rootfs"]["diff_ids"][:-1], platform
+        assert len(mine["rootfs"]["diff_ids"]) == len(theirs["rootfs"]["diff_ids"]), platform
