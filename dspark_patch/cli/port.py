@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from ..errors import BadInput
 from . import common, output
 
 if TYPE_CHECKING:
@@ -19,7 +20,8 @@ def register(app: typer.Typer) -> None:
 
 def port(
     to: Annotated[str, typer.Option("--to", help="The release to make a variant for, e.g. 0.32.0.")],
-    patch: common.PatchOpt = None,
+    patch: common.PatchesOpt = None,
+    series: common.SeriesOpt = None,
     wheel: Annotated[Path | None, typer.Option("--wheel", help="The release's wheel file (pip download --no-deps vllm==RELEASE).")] = None,
     root: common.RootOpt = None,
     image: common.ImageOpt = None,
@@ -31,30 +33,46 @@ def port(
 ) -> None:
     """Make a candidate variant of a patch set for another release: an exact three-way merge
     (never fuzz), conflicts left for a person, then compile and probe checks; the variant is
-    written "unreviewed", with a review file."""
+    written "unreviewed", with a review file. A series (--patch several times, or --series) is
+    ported in order, each set onto the release with the sets before it applied, each in a work
+    folder of its own under --work; a set that already has a variant for the release is used as
+    it is."""
     from ..pipeline.port import port as run_port
+    from ..pipeline.port import port_series
     from ..pipeline.requests import PortRequest
 
     request = PortRequest(
-        release=to, patch=patch, wheel=None if wheel is None else str(wheel), root=None if root is None else str(root),
-        image=image, python=python, pull=common.pull_policy(pull), source_variant=source_variant,
-        work=None if work is None else str(work),
+        release=to, patch=patch[0] if patch else None, wheel=None if wheel is None else str(wheel),
+        root=None if root is None else str(root), image=image, python=python, pull=common.pull_policy(pull),
+        source_variant=source_variant, work=None if work is None else str(work),
     )
-    report = run_port(request)
+    if series is None and len(patch or ()) <= 1:
+        reports: tuple[PortReport, ...] = (run_port(request),)
+    else:
+        if source_variant is not None:
+            raise BadInput("--from names one patch set's variant; a series ports each set from its own",
+                           hint="drop --from, or port that set alone")
+        reports = port_series(request, tuple(patch or ()), None if series is None else str(series))
     if as_json:
         from ..serialise import dumps
 
-        output.print_json(dumps(report))
+        output.print_json(dumps(reports[0] if len(reports) == 1 and series is None and len(patch or ()) <= 1
+                                else {"series": list(reports)}))
     else:
-        _render(report)
-    if report.error is not None:
-        output.error_line_text(report.error.message + (f" ({report.error.hint})" if report.error.hint else ""))
-    raise typer.Exit(report.exit_code)
+        for report in reports:
+            _render(report)
+    last = reports[-1]
+    if last.error is not None:
+        output.error_line_text(last.error.message + (f" ({last.error.hint})" if last.error.hint else ""))
+    raise typer.Exit(last.exit_code)
 
 
 def _render(report: PortReport) -> None:
     from ..pipeline.port import reader_line
 
+    if report.status == "covered":
+        output.line(f"port {report.patch} -> {report.release}: covered (variant {report.variant}, used as it is)")
+        return
     output.line(f"port {report.patch or '?'} {report.source_variant or '?'} -> {report.release}: {report.status} "
                 f"(work folder {report.work})")
     for f in report.files:

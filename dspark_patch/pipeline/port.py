@@ -31,7 +31,7 @@ from ..errors import (
     TargetNotFound,
 )
 from ..patching.diff import Diff, parse_diff
-from ..patching.plan import FilePlan, PatchPlan
+from ..patching.plan import FilePlan, PatchPlan, plan_patch
 from ..patchset import PatchSet, Variant, load_dir, resolve
 from ..porting import review as review_md
 from ..porting.merge import FileMerge, leftover_markers, merge_file
@@ -41,15 +41,19 @@ from ..porting.workdir import WorkDir, WorkFile, WorkState
 from ..probe.run import run_probe, unguarded_readers
 from ..report.model import CensusEntry, ErrorReport, ProbeReport
 from ..report.port_model import PortFileReport, PortFileStatus, PortReport
+from ..series import load
 from ..targets.base import Distribution, Target
 from .requests import PortRequest
 from .shared_steps import compiled_rows
 
 
-def port(request: PortRequest) -> PortReport:
+def port(request: PortRequest, *, earlier: tuple[PatchSet, ...] = ()) -> PortReport:
+    """`earlier`: the members of a series before this one, each with a variant for the release
+    (ported or not): applied to the release's files first, so this set is merged onto, compiled
+    and probed with, their result, and its pre-images are the files after them."""
     report = PortReport(status="failed", exit_code=1, patch=request.patch, source_variant=request.source_variant,
                         release=request.release, work=request.work or "")
-    flow = _Flow(request, report)
+    flow = _Flow(request, report, earlier)
     try:
         with ExitStack() as stack:
             flow.run(stack)
@@ -60,10 +64,40 @@ def port(request: PortRequest) -> PortReport:
     return flow.report
 
 
+def port_series(request: PortRequest, specs: tuple[str, ...], series_file: str | None = None) -> tuple[PortReport, ...]:
+    """Port a series in order: each member without a variant for the release is ported onto the
+    release with the members before it applied (their variants for it: ones they had, or the ones
+    ported just before), in a work folder of its own under --work. A member that already has one
+    is used as it is ("covered"). Stops at the first member that does not get its variant (a
+    conflict to resolve, a refusal): run the same command again to go on from there."""
+    try:
+        members = load(specs, series_file=series_file)
+    except DsparkPatchError as exc:
+        return (PortReport(status="failed", exit_code=exc.exit_code, patch=None, source_variant=None,
+                           release=request.release, work=request.work or "",
+                           error=ErrorReport(kind=exc.kind, message=exc.message, hint=exc.hint, exit_code=exc.exit_code)),)
+    root = Path(request.work or "dspark-patch-port")
+    reports: list[PortReport] = []
+    for i, member in enumerate(members):
+        work = root / f"{member.id}-{request.release}"
+        if any(request.release in v.releases for v in member.variants):
+            used = member.variant_for(request.release)
+            reports.append(PortReport(status="covered", exit_code=0, patch=member.id, source_variant=used.name,
+                                      release=request.release, work=str(work), variant=used.name,
+                                      notes=(f"{member.id} has variant {used.name} for {request.release}: used as it is",)))
+            continue
+        done = port(replace(request, patch=str(member.source), work=str(work)), earlier=members.sets[:i])
+        reports.append(done)
+        if done.exit_code != 0:
+            break
+    return tuple(reports)
+
+
 class _Flow:
-    def __init__(self, request: PortRequest, report: PortReport) -> None:
+    def __init__(self, request: PortRequest, report: PortReport, earlier: tuple[PatchSet, ...] = ()) -> None:
         self.request = request
         self.report = report
+        self.earlier = earlier
         self.work = WorkDir(Path(request.work or "dspark-patch-port"))
 
     def update(self, **fields: object) -> None:
@@ -102,6 +136,8 @@ class _Flow:
         if dist.version != request.release:
             raise BadInput(f"--to {request.release}, but the given {self._what()} holds {dist.name} {dist.version}",
                            hint=f"pass the {request.release} release's files, or --to {dist.version}")
+        for before in self.earlier:   # the series so far, on the release's files
+            stack.enter_context(_applied(target, _planned(before, request.release, target)))
         pristine = {fp.path: _pristine(target, fp.path) for fp in diff.files}
 
         if patchset.probe is not None:
@@ -298,6 +334,23 @@ def _parse(patchset: PatchSet, variant: Variant) -> Diff:
         raise BadInput(f"variant {variant.name} adds or deletes files ({', '.join(other)}); port carries changes to existing files only",
                        hint="port the other files by hand")
     return diff
+
+
+def _planned(patchset: PatchSet, release: str, target: Target) -> PatchPlan:
+    """An earlier member's variant for the release, planned at zero fuzz on the target's files (the
+    members before it already applied), each file's reviewed hashes checked."""
+    variant = patchset.variant_for(release)
+    plan = plan_patch(parse_diff(variant.diff, strip=patchset.strip), target.read)
+    if plan.status != "apply":
+        raise BadInput(f"{patchset.id} {variant.name} is already applied to the given {release} files; a port starts "
+                       "from the release's own files", hint="give the release's wheel (--wheel), or a pristine tree")
+    for fp in plan.files:
+        reviewed = variant.files.get(fp.path)
+        if reviewed is None or (reviewed.pre_sha256, reviewed.post_sha256) != (fp.pre_sha256, fp.post_sha256):
+            raise BadInput(f"{patchset.id} {variant.name}: {fp.path} is not its reviewed pre/post image on these files, "
+                           "so the sets after it cannot be ported onto its result",
+                           hint="port the series from a pristine release, in the order its requires give")
+    return plan
 
 
 def _pristine(target: Target, path: str) -> bytes:

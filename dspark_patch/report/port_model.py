@@ -7,7 +7,8 @@ from typing import Literal
 
 from .model import CensusEntry, ErrorReport, ProbeReport
 
-PortStatus = Literal["written", "conflict", "refused", "failed"]
+# covered: a member of a series that already has a variant for the release (used as it is)
+PortStatus = Literal["written", "covered", "conflict", "refused", "failed"]
 PortFileStatus = Literal["landed", "conflict", "resolved"]
 
 
