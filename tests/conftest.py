@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -37,6 +39,32 @@ def patched033(tmp_path_factory: pytest.TempPathFactory) -> Iterator[probe_trees
 def patched033_tree(patched033: probe_trees.SharedTree, tmp_path: Path) -> Path:
     """A fresh hard-link copy of the session's patched 0.33.0 tree, for this test."""
     return patched033.copy(tmp_path / "patched" / "site-packages")
+
+
+# Where the fast tier's temporary folders are in RAM (scripts/test sets DSPARK_PATCH_TEST_TREES
+# then), a passing test's tmp_path is removed when it ends: a tmpfs counts every hard link
+# against its inode limit (about 3 million on a 24 GiB machine), and the tier's ~200 hard-link
+# copies of 5,800-file trees, kept to the end, come close to it. A failing test's folder stays.
+_FREE_PASSED = bool(os.environ.get("DSPARK_PATCH_TEST_TREES"))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[pytest.TestReport]:
+    report = yield
+    if report.when == "call":
+        item.stash[_PASSED] = report.passed
+    return report
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    folder = getattr(item, "funcargs", {}).get("tmp_path") if _FREE_PASSED else None
+    yield
+    if folder is not None and item.stash.get(_PASSED, False):
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+_PASSED = pytest.StashKey[bool]()
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

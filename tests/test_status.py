@@ -249,7 +249,9 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, patched033: SharedTree):
                 (context / str(i)).write_bytes(data)
                 lines.append(f"COPY {i} {SITE}/{rel}")
             (context / "Dockerfile").write_text("\n".join(lines) + "\n")
-            _docker("build", "--quiet", "--network", "none", "-t", f"{name}:{kind}", str(context))
+            # --no-cache: the engine's build cache would give another session's fleet (the same
+            # Dockerfiles) these very image ids, and tests here count the containers of an id.
+            _docker("build", "--quiet", "--no-cache", "--network", "none", "-t", f"{name}:{kind}", str(context))
             refs[kind] = f"{name}:{kind}"
         refs["no-vllm"] = images.no_vllm_image()
         yield refs
