@@ -110,7 +110,8 @@ def main() -> None:
                         sent[label] = json.loads(done.stdout)["sent"]["bytes"]
                     tag = f"{address}/team/vllm:a{i}"
                     since = log.stat().st_size
-                    seconds, _ = timed([CLI, "apply", "--image", source, "--pull", "never", "--tag", tag, "--push"], {"DOCKER_CONFIG": str(config)})
+                    seconds, _ = timed([CLI, "apply", "--image", source, "--pull", "never", "--tag", tag, "--push",
+                                        "--report-dir", str(work / f"apply{i}")], {"DOCKER_CONFIG": str(config)})
                     applied.append(tag)
                     rows["apply --push"].append(seconds)
                     counts["apply --push"] = uploads(log, since)
