@@ -46,7 +46,8 @@ def port(
         root=None if root is None else str(root), image=image, python=python, pull=common.pull_policy(pull),
         source_variant=source_variant, work=None if work is None else str(work),
     )
-    if series is None and len(patch or ()) <= 1:
+    one_set = series is None and len(patch or ()) <= 1
+    if one_set:
         reports: tuple[PortReport, ...] = (run_port(request),)
     else:
         if source_variant is not None:
@@ -56,8 +57,7 @@ def port(
     if as_json:
         from ..serialise import dumps
 
-        output.print_json(dumps(reports[0] if len(reports) == 1 and series is None and len(patch or ()) <= 1
-                                else {"series": list(reports)}))
+        output.print_json(dumps(reports[0] if one_set else {"series": list(reports)}))
     else:
         for report in reports:
             _render(report)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Annotated
 
@@ -77,13 +76,16 @@ def publish(
         output.line(f"  note: {note}")
 
 
-_PLATFORM = re.compile(r"[a-z0-9]+/[a-z0-9]+(/[a-z0-9]+)?")
-
-
 def _split(value: str) -> tuple[str | None, Path]:
     """FILE, or PLATFORM=FILE (OS/ARCH[/VARIANT], as `docker --platform` takes it)."""
+    from ..registry.platform_select import Platform
+
     head, sep, tail = value.partition("=")
-    if sep and _PLATFORM.fullmatch(head):
+    if sep:
+        try:
+            Platform.parse(head)
+        except BadInput:
+            return None, Path(value)   # a file name with '=' in it
         return head, Path(tail)
     return None, Path(value)
 

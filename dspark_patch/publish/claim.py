@@ -11,6 +11,7 @@ the report says of the tree is then proven against the image itself (publish/pro
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..errors import DsparkPatchError, PublishRefused
@@ -61,7 +62,7 @@ def read_claim(report: AuditReport, where: str) -> Claim:
             raise refuse(f"{where} names {patchset.id} {said.variant} with diff sha256 {said.sha256[:12]}…, which is "
                          f"not its reviewed {variant.name} ({variant.diff_sha256[:12]}…) for vLLM {release}",
                          hint="publish with the patch sets the in-image run used (the same dspark-patch and DSPARK_PATCH_PATH)")
-    files = _reviewed_files(members)
+    files = reviewed_files(members)
     said_files = {f.path: (f.pre_sha256, f.post_sha256) for f in report.files}
     if said_files != files:
         odd = sorted(set(said_files) ^ set(files)) or sorted(p for p in files if said_files[p] != files[p])
@@ -86,7 +87,7 @@ def _member(by_id: dict[str, PatchSet], patch_id: str | None, release: str, wher
                      hint="publish with the patch sets the in-image run used (the same dspark-patch and DSPARK_PATCH_PATH)") from None
 
 
-def _reviewed_files(members: tuple[tuple[PatchSet, Variant], ...]) -> dict[str, tuple[str | None, str | None]]:
+def reviewed_files(members: Sequence[tuple[PatchSet, Variant]]) -> dict[str, tuple[str | None, str | None]]:
     """Per file the series changes: the first member's pre-image and the last member's post-image."""
     files: dict[str, tuple[str | None, str | None]] = {}
     for _, variant in members:

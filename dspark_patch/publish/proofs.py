@@ -24,10 +24,12 @@ from __future__ import annotations
 import _imp
 import hashlib
 import io
+import sys
 import tarfile
 from collections.abc import Sequence
 
 from ..report.status_model import ImageStatus
+from ..status.bytecode import cache_tag
 from ..targets.layers import LayerView
 from ..targets.layers.new_layer import LayerEntry, layer_entries
 from ..targets.views.site_files import SiteFiles
@@ -43,8 +45,22 @@ def magic_of(minor: str) -> bytes | None:
     return None if number is None else number.to_bytes(2, "little") + b"\r\n"
 
 
-def cache_tag(minor: str) -> str:
-    return "cpython-" + minor.replace(".", "")
+def host_minor() -> str:
+    """This host's Python, as "3.11": where it is the image's, status/bytecode.py recompiles the
+    patched modules' bytecode and compares it; elsewhere only the header is checked."""
+    return f"{sys.version_info[0]}.{sys.version_info[1]}"
+
+
+def not_recompiled(minor: str | None) -> str | None:
+    """The note a run whose bytecode was not recompiled here gives (None: it was)."""
+    if minor is None or minor == host_minor():
+        return None
+    return f"bytecode checked by its embedded source hashes, not recompiled (this host's Python is not the image's {minor})"
+
+
+def _first_finding(row: ImageStatus) -> str:
+    return (row.unexplained or row.missing or row.added or row.record_disagrees or row.bytecode
+            or row.unimported or row.installer_findings or ("no published wheel to check it against",))[0]
 
 
 def prove_source(claim: Claim, view: LayerView, site: SiteFiles, row: ImageStatus, src: str) -> None:
@@ -71,9 +87,7 @@ def prove_source(claim: Claim, view: LayerView, site: SiteFiles, row: ImageStatu
             raise refuse(f"{patchset.id} is {states.get(patchset.id or '', 'not known')} in {src}, not absent",
                          hint="publish onto the image without the patch (an image that carries it needs no layer)")
     if row.findings:
-        first = (row.unexplained or row.missing or row.added or row.record_disagrees or row.bytecode
-                 or row.unimported or row.installer_findings or ("no published wheel to check it against",))[0]
-        raise refuse(f"{src} is not its release as published (e.g. {first})",
+        raise refuse(f"{src} is not its release as published (e.g. {_first_finding(row)})",
                      hint=f"run `dspark-patch status --via registry --image {src}`; publish onto a clean image")
 
 
@@ -170,7 +184,5 @@ def prove_result(claim: Claim, site: SiteFiles, row: ImageStatus, dest: str) -> 
         if states.get(patchset.id or "") != "applied":
             raise refuse(f"with the layer, {patchset.id} would be {states.get(patchset.id or '', 'not known')}, not applied")
     if row.findings:
-        first = (row.unexplained or row.missing or row.added or row.record_disagrees or row.bytecode
-                 or row.unimported or row.installer_findings or ("no published wheel to check it against",))[0]
-        raise refuse(f"with the layer, {dest} would not be its release plus the patch (e.g. {first})",
+        raise refuse(f"with the layer, {dest} would not be its release plus the patch (e.g. {_first_finding(row)})",
                      hint="publish the layer the in-image run wrote, unchanged")

@@ -25,10 +25,10 @@ from ..report.model import AuditReport, ImageRecord, IndexReport, PlatformReport
 from ..status.fleet import DISTRIBUTION, row_from_site, scan_cache
 from ..status.registry_route import LayerReader
 from ..targets.caches.scans import ScanCache
-from ..targets.layers import scan_layer
+from ..targets.layers import RetainPredicate, scan_layer
 from ..targets.views.from_layers import find_site, merge_scans, status_retain
 from .claim import Claim, read_claim, refuse
-from .proofs import prove_bytecode, prove_layer, prove_result, prove_source
+from .proofs import not_recompiled, prove_bytecode, prove_layer, prove_result, prove_source
 
 # The largest layer file publish reads: a layer of patched files and their bytecode is kilobytes
 # to a few megabytes; anything near this is not one.
@@ -106,7 +106,7 @@ def publish(request: PublishRequest) -> Published:
     index = parse_index(top) if top.is_index else None
     chosen = _pairs(index, request.pairs, str(src))
     prepared = [_prepare(reader, registry, src, dest, registry.fetch_platform(index, platform) if index and platform
-                         else top, pair, platform, patchsets) for platform, pair in chosen]
+                         else top, pair, platform, patchsets, retain) for platform, pair in chosen]
 
     if signer is not None and any(one.report.series for one in prepared):
         raise BadInput("--sign-key attests one patch set, and this report is of a series (which has no attestation yet)",
@@ -188,7 +188,7 @@ def _pairs(index: ImageIndex | None, pairs: tuple[LayerPair, ...], src: str) -> 
 
 
 def _prepare(reader: LayerReader, registry: Registry, src: ImageRef, dest: ImageRef, manifest: Manifest,
-             pair: LayerPair, platform: Platform | None, patchsets: list[PatchSet]) -> _Prepared:
+             pair: LayerPair, platform: Platform | None, patchsets: list[PatchSet], retain: RetainPredicate) -> _Prepared:
     """Prove one run's report and layer against one image of the source, and compose its result."""
     where = f"{src}" if platform is None else f"{src} ({platform})"
     report = read_report(pair.report)
@@ -202,17 +202,13 @@ def _prepare(reader: LayerReader, registry: Registry, src: ImageRef, dest: Image
     prove_source(claim, view, site, row_from_site(where, site, patchsets), where)
     entries = prove_layer(claim, layer, view)
     checked = prove_bytecode(claim, layer, entries)
-    retain = status_retain(DISTRIBUTION, patched_paths(patchsets))
     after = merge_scans([*scans, scan_layer(io.BytesIO(layer), where="the new layer", retain=retain)],
                         where=f"image {dest}")
     site_after = find_site(after, DISTRIBUTION, config.config, str(dest))
     prove_result(claim, site_after, row_from_site(str(dest), site_after, patchsets), str(dest))
-    notes = []
     # status/bytecode.py recompiled the patched modules' bytecode when this host's Python is the image's
-    recompiled = checked if _host_minor() == claim.python_minor else 0
-    if not recompiled:
-        notes.append(f"bytecode checked by its embedded source hashes, not recompiled (this host's Python is not "
-                     f"the image's {claim.python_minor})")
+    note = not_recompiled(claim.python_minor)
+    recompiled = 0 if note else checked
     labelled = _with_source(report, where if platform is None else source_ref, config.digest)
     labels = labels_of_report(labelled, report.tool_version)
     created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -222,7 +218,7 @@ def _prepare(reader: LayerReader, registry: Registry, src: ImageRef, dest: Image
     return _Prepared(platform=None if platform is None else str(platform), source=manifest, source_ref=source_ref,
                      manifest=append_manifest(manifest, config=new_config, layer_blob=blob), config=new_config,
                      blob=blob, layer_size=len(layer), checked=checked, recompiled=recompiled,
-                     report=replace(labelled, labels=labels), notes=tuple(notes))
+                     report=replace(labelled, labels=labels), notes=(note,) if note else ())
 
 
 def _final_report(prepared: list[_Prepared], index: ImageIndex | None, images: dict[Platform, Manifest],
@@ -239,19 +235,19 @@ def _final_report(prepared: list[_Prepared], index: ImageIndex | None, images: d
         one = prepared[0]
         done = result(one, ids[0], str(dest), repo_digest)
         return replace(done, notes=(*done.notes, f"{said} (the layer onto {src.name}@{top.digest})"))
-    platforms = tuple(PlatformReport(
-        platform=str(one.platform), source_manifest=one.source.digest, emulated=False,
-        result_manifest=images[Platform.parse(str(one.platform))].digest,
-        report=result(one, image_id, f"{dest.name}@{images[Platform.parse(str(one.platform))].digest}",
-                      f"{dest.name}@{images[Platform.parse(str(one.platform))].digest}"))
-        for one, image_id in zip(prepared, ids, strict=True))
+    platforms = []
+    for one, image_id in zip(prepared, ids, strict=True):
+        pushed = f"{dest.name}@{images[Platform.parse(str(one.platform))].digest}"
+        platforms.append(PlatformReport(platform=str(one.platform), source_manifest=one.source.digest, emulated=False,
+                                        result_manifest=pushed.rpartition("@")[2],
+                                        report=result(one, image_id, pushed, pushed)))
     first = prepared[0].report
     return replace(first, target=replace(first.target, image=ImageRecord(ref=str(src), id=top.digest)),
                    result_image=ImageRecord(ref=str(dest), id=ids[0], repo_digest=repo_digest), labels={},
                    index=IndexReport(ref=str(src), media_type=top.media_type, digest=top.digest,
                                      platforms=tuple(str(p) for p in index.platforms), result_ref=str(dest),
                                      result_digest=repo_digest.rpartition("@")[2]),
-                   platforms=platforms, notes=(*first.notes, f"{said}: the index of {len(platforms)} platform "
+                   platforms=tuple(platforms), notes=(*first.notes, f"{said}: the index of {len(platforms)} platform "
                                                "images, each its in-image run's layer onto the source's"))
 
 
@@ -301,12 +297,6 @@ def _still_the_source(registry: Registry, src: ImageRef, manifest: Manifest) -> 
     if again.digest != manifest.digest:
         raise TagRace(f"{src} named {manifest.digest} when publish read it and {again.digest} now",
                       hint=f"publish onto {src.name}@{manifest.digest} (a digest does not move), or run the job again")
-
-
-def _host_minor() -> str:
-    import sys
-
-    return f"{sys.version_info[0]}.{sys.version_info[1]}"
 
 
 __all__ = ["Claim", "LayerPair", "PublishRequest", "Published", "publish", "refuse"]

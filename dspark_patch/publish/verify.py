@@ -19,7 +19,6 @@ The probe needs the image's interpreter, so it does not run (said as a skipped s
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -46,12 +45,15 @@ from ..report.model import (
 )
 from ..report.status_model import ImageStatus
 from ..series import load
-from ..status.bytecode import check as check_bytecode
-from ..status.fleet import DISTRIBUTION, row_from_site
+from ..status.assess import assess
+from ..status.bytecode import cache_tag
+from ..status.fleet import DISTRIBUTION, row_of
 from ..status.registry_route import LayerReader
 from ..targets.base import Distribution
 from ..targets.views.from_layers import find_site, merge_scans, status_retain
 from ..targets.views.site_files import SiteFiles
+from .claim import reviewed_files
+from .proofs import not_recompiled
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,8 +87,8 @@ def verify_registry(request: RegistryVerifyRequest, *, on_step: StepCallback | N
         if request.no_engine is not None:
             run.notes.append("no engine answered at $DOCKER_HOST: the image was read from its registry (--via auto)")
         if not manifest.is_index:
-            return record_checks(_verify(request, run, reader, registry, manifest, request.ref))
-        return record_checks(_verify_index(request, run, reader, registry, parse_index(manifest), ref))
+            return record_checks(_verify(request, run, reader, registry, manifest, request.ref, patchsets))
+        return record_checks(_verify_index(request, run, reader, registry, parse_index(manifest), ref, patchsets))
     except DsparkPatchError as exc:
         return record_checks(run.report("failed", exc))
 
@@ -104,7 +106,7 @@ def _fetch(reader: LayerReader, host: str, request: RegistryVerifyRequest) -> tu
 
 
 def _verify_index(request: RegistryVerifyRequest, run: RunLog, reader: LayerReader, registry: Registry,
-                  index: ImageIndex, ref: ImageRef) -> AuditReport:
+                  index: ImageIndex, ref: ImageRef, patchsets: list[PatchSet]) -> AuditReport:
     platforms = []
     for platform in index.platforms:
         with run.step(f"platform {platform}"):
@@ -112,7 +114,7 @@ def _verify_index(request: RegistryVerifyRequest, run: RunLog, reader: LayerRead
             digest_ref = f"{ref.name}@{manifest.digest}"
             one = RunLog.start("verify", TargetReport(kind="image", ref=digest_ref), None)
             try:
-                report = record_checks(_verify(request, one, reader, registry, manifest, digest_ref))
+                report = record_checks(_verify(request, one, reader, registry, manifest, digest_ref, patchsets))
             except DsparkPatchError as exc:
                 report = record_checks(one.report("failed", exc))
         platforms.append(PlatformReport(platform=str(platform), source_manifest=manifest.digest, emulated=False,
@@ -129,10 +131,9 @@ def _verify_index(request: RegistryVerifyRequest, run: RunLog, reader: LayerRead
 
 
 def _verify(request: RegistryVerifyRequest, run: RunLog, reader: LayerReader, registry: Registry,
-            manifest: Manifest, where: str) -> AuditReport:
+            manifest: Manifest, where: str, patchsets: list[PatchSet]) -> AuditReport:
     """One platform's image: `where` names it (the reference given, or NAME@DIGEST in an index)."""
     ref = ImageRef.parse(where)
-    patchsets = known(available())
     with run.step("config"):
         config = reader.config(registry, where, manifest)
     with run.step("layers"):
@@ -144,40 +145,37 @@ def _verify(request: RegistryVerifyRequest, run: RunLog, reader: LayerReader, re
                                    image=ImageRecord(ref=where, id=config.digest,
                                                      repo_digest=f"{ref.name}@{manifest.digest}")))
     labels = {str(k): str(v) for k, v in ((config.config.get("Labels") or {}).items())}
-    series = _series(request, labels, run)
+    series = _series(request, labels, run, patchsets)
     variants = [(p, p.variant_for(site.release)) for p in series]
-    final = _final_posts(variants)
+    files = reviewed_files(variants)   # each file's pre-image before the series, post-image after it
+    final = {path: post for path, (_, post) in files.items()}
     ids = [str(p.id) for p in series]
     problems: list[str] = []
 
     with run.step("patched files"):
-        first: dict[str, str | None] = {}   # each file's pre-image before the first member that changes it
-        for _, variant in variants:
-            for path, reviewed in variant.files.items():
-                first.setdefault(path, reviewed.pre_sha256)
-        for path, post in final.items():
+        for path, (pre, post) in files.items():
             found = site.hashes.get(path)
-            action: Literal["modify", "add", "delete"] = ("delete" if post is None else "add" if first[path] is None
-                                                           else "modify")
+            action: Literal["modify", "add", "delete"] = "delete" if post is None else "add" if pre is None else "modify"
             run.update(files=(*run.draft.files, FileReport(path=path, action=action, pre_sha256=None, post_sha256=found,
-                                                           expected_pre_sha256=first[path], expected_post_sha256=post)))
+                                                           expected_pre_sha256=pre, expected_post_sha256=post)))
             if found != post:
                 problems.append(f"{path} is " + ("missing" if found is None else "there, and the series deletes it"
                                                   if post is None else "not the series' post-image"))
 
     with run.step("integrity"):
-        row = row_from_site(where, site, patchsets)
-        proven = check_bytecode(site).proven   # the patched modules' bytecode, recompiled and compared
-        run.update(integrity=replace(_integrity(row, site), bytecode_checked=proven))
+        found_all = assess(site, patchsets)
+        row = row_of(where, site, found_all)
+        # the patched modules' bytecode, recompiled and compared by that assessment
+        run.update(integrity=replace(_integrity(row, site), bytecode_checked=found_all.bytecode_proven))
         states = dict(row.patch_sets)
         problems += [f"patch set {i} is {states.get(i, 'unknown')} here, not applied" for i in ids
                      if states.get(i) != "applied"]
         problems += [f"patch set {other} is applied too, and is not in the series" for other, state in row.patch_sets
                      if state == "applied" and other not in ids and not _explained(other, final, patchsets, site.release)]
         problems += _row_problems(row)
-    if site.python and site.python != f"{sys.version_info[0]}.{sys.version_info[1]}":
-        run.notes.append(f"bytecode checked by its embedded source hashes and headers, not recompiled (this host's "
-                         f"Python is not the image's {site.python})")
+    note = not_recompiled(site.python)
+    if note:
+        run.notes.append(note)
 
     with run.step("labels"):
         problems += _label_problems(labels, series, variants, final)
@@ -185,7 +183,7 @@ def _verify(request: RegistryVerifyRequest, run: RunLog, reader: LayerReader, re
     with run.step("layer"):
         _, blobs = parse_image_manifest(manifest)
         dist = Distribution(name=site.distribution, version=site.release, location=site.location, python="",
-                            python_version=site.python or "", cache_tag=f"cpython-{(site.python or '').replace('.', '')}",
+                            python_version=site.python or "", cache_tag=cache_tag(site.python) or "",
                             record_file=None, record=())
         try:
             check_our_layer(OurLayer(image_id=config.digest, named=" + ".join(ids), files=final), scans[-1], dist)
@@ -204,7 +202,8 @@ def _verify(request: RegistryVerifyRequest, run: RunLog, reader: LayerReader, re
     return run.report("verified")
 
 
-def _series(request: RegistryVerifyRequest, labels: dict[str, str], run: RunLog) -> list[PatchSet]:
+def _series(request: RegistryVerifyRequest, labels: dict[str, str], run: RunLog,
+            patchsets: list[PatchSet]) -> list[PatchSet]:
     """The patch sets verified, in order: those named, else those the labels name (when every one
     is a known patch set: labels only choose what is checked), else the shipped default."""
     if request.patches or request.series_file is not None:
@@ -212,7 +211,7 @@ def _series(request: RegistryVerifyRequest, labels: dict[str, str], run: RunLog)
     else:
         carried = labels.get(SERIES_LABEL)
         ids = label_ids(carried) if carried is not None else (labels.get(f"{LABEL_PREFIX}.patch.id", ""),)
-        by_id = {p.id: p for p in known(available())}
+        by_id = {p.id: p for p in patchsets}
         if ids and len(ids) <= 64 and all(i in by_id for i in ids):
             run.notes.append(f"no patch set named: verifying what the image's labels name, {' + '.join(ids)}")
             chosen = list(load(ids))
@@ -223,14 +222,6 @@ def _series(request: RegistryVerifyRequest, labels: dict[str, str], run: RunLog)
         raise BadInput(f"{bare[0].source.name} is a bare diff: --via registry checks reviewed post-image hashes",
                        hint="name a patch set (an id or folder with patch.toml), or verify --image")
     return chosen
-
-
-def _final_posts(variants: list[tuple[PatchSet, Variant]]) -> dict[str, str | None]:
-    final: dict[str, str | None] = {}
-    for _, variant in variants:
-        for path, reviewed in variant.files.items():
-            final[path] = reviewed.post_sha256
-    return final
 
 
 def _explained(other: str, final: dict[str, str | None], patchsets: list[PatchSet], release: str) -> bool:

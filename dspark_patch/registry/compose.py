@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import copy
 import gzip
-import hashlib
 import json
 from collections.abc import Mapping
 from typing import Any
 
-from .manifest import DOCKER_MANIFEST, Manifest, load_object
+from .manifest import DOCKER_MANIFEST, Manifest, digest_of, load_object
 
 HISTORY_NOTE = "dspark-patch: the patched files, their bytecode and their folders"
 LAYER_TYPES = {DOCKER_MANIFEST: "application/vnd.docker.image.rootfs.diff.tar.gzip"}
@@ -54,11 +53,7 @@ def append_manifest(source: Manifest, *, config: bytes, layer_blob: bytes) -> by
     """The source image manifest naming `config` and one more layer, `layer_blob` (gzip)."""
     doc = copy.deepcopy(source.document())
     doc.pop("subject", None)
-    doc["config"] = {**doc["config"], "digest": _digest(config), "size": len(config)}
+    doc["config"] = {**doc["config"], "digest": digest_of(config), "size": len(config)}
     doc["layers"] = [*doc["layers"], {"mediaType": LAYER_TYPES.get(source.media_type, OCI_LAYER),
-                                      "digest": _digest(layer_blob), "size": len(layer_blob)}]
+                                      "digest": digest_of(layer_blob), "size": len(layer_blob)}]
     return json.dumps(doc, indent=3).encode()
-
-
-def _digest(body: bytes) -> str:
-    return "sha256:" + hashlib.sha256(body).hexdigest()

@@ -41,6 +41,7 @@ class Assessment:
     unverified: tuple[str, ...] = ()
     installer: tuple[str, ...] = ()
     installer_findings: tuple[str, ...] = ()
+    bytecode_proven: int = 0     # .pyc recompiled and compared (status/bytecode.py's `proven`)
 
 
 def patch_set_state(patchset: PatchSet, site: SiteFiles, others: Sequence[PatchSet] = ()) -> PatchSetState:
@@ -83,7 +84,7 @@ def assess(site: SiteFiles, patchsets: Iterable[PatchSet]) -> Assessment:
         return Assessment(patch_sets=states, unexplained=found.unexplained, missing=found.missing, added=found.added,
                           reference=ref.wheel, record_disagrees=found.record_disagrees, bytecode=bytecode.findings,
                           installer=found.installer, installer_findings=found.installer_findings,
-                          unverified=tuple(unverified))
+                          unverified=tuple(unverified), bytecode_proven=bytecode.proven)
 
     # No reference: say so (never clean); the lists against the image's RECORD are a hint only.
     unexplained: list[str] = []
@@ -101,4 +102,4 @@ def assess(site: SiteFiles, patchsets: Iterable[PatchSet]) -> Assessment:
     unverified.insert(0, references.no_reference(site.distribution, site.release, wheel))
     return Assessment(patch_sets=states, unexplained=tuple(sorted(unexplained)),
                       missing=tuple(sorted(missing)), added=tuple(added), bytecode=bytecode.findings,
-                      unverified=tuple(unverified))
+                      unverified=tuple(unverified), bytecode_proven=bytecode.proven)

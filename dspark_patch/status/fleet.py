@@ -25,7 +25,7 @@ from ..targets.base import PullPolicy
 from ..targets.caches import seal
 from ..targets.caches.scans import ScanCache
 from ..targets.views.site_files import SiteFiles
-from .assess import assess
+from .assess import Assessment, assess
 from .shard import Shard, pick
 
 if TYPE_CHECKING:
@@ -79,7 +79,11 @@ def read_refs_file(path: Path) -> tuple[str, ...]:
 
 
 def row_from_site(ref: str, site: SiteFiles, patchsets: Sequence[PatchSet], **extra: str | None) -> ImageStatus:
-    found = assess(site, patchsets)
+    return row_of(ref, site, assess(site, patchsets), **extra)
+
+
+def row_of(ref: str, site: SiteFiles, found: Assessment, **extra: str | None) -> ImageStatus:
+    """The row of a site folder status assessed (a caller that needs more of the assessment keeps it)."""
     row = ImageStatus(ref=ref, location=site.location, release=site.release, python=site.python,
                       patch_sets=found.patch_sets, unexplained=found.unexplained, missing=found.missing,
                       added=found.added, unimported=site.unimported, reference=found.reference,

@@ -54,14 +54,7 @@ def _dependencies() -> Path:
     made = Path(tempfile.mkdtemp(prefix=".tool-deps-", dir=folder.parent))
     made.chmod(0o755)   # as pip makes a --target folder: any user of the image reads it
     for dist in deps:
-        for entry in dist.files or ():
-            rel = Path(str(entry))
-            if rel.is_absolute() or ".." in rel.parts or "__pycache__" in rel.parts:
-                continue   # console scripts outside the site folder, bytecode the image's python makes itself
-            source = Path(str(dist.locate_file(entry)))
-            if source.is_file():
-                (made / rel).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(source, made / rel)
+        _copy_distribution(dist, made)
     (made / ".complete").touch()
     try:
         made.rename(folder)
@@ -103,12 +96,12 @@ ARM64_PACKAGES = ("python3-typer", "python3-rich", "python3-jsonschema", "python
 PURE_FROM_HERE = ("oras", "unidiff")
 
 
-def _copy_distribution(name: str, into: Path) -> None:
-    dist = md.distribution(name)
+def _copy_distribution(dist: md.Distribution, into: Path) -> None:
+    """The files `dist` installed in its site folder, copied into `into` as they lie there."""
     for entry in dist.files or ():
         rel = Path(str(entry))
         if rel.is_absolute() or ".." in rel.parts or "__pycache__" in rel.parts:
-            continue
+            continue   # console scripts outside the site folder, bytecode the image's python makes itself
         source = Path(str(dist.locate_file(entry)))
         if source.is_file():
             (into / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -137,7 +130,7 @@ def _arm64_dependencies() -> Path:
         for name in PURE_FROM_HERE:
             for old in [*made.glob(f"{name}"), *made.glob(f"{name}-*")]:
                 shutil.rmtree(old) if old.is_dir() else old.unlink()
-            _copy_distribution(name, made)
+            _copy_distribution(md.distribution(name), made)
         subprocess.run(["chmod", "-R", "a+rX", str(made)], check=True)
         (made / ".complete").touch()
         try:
