@@ -128,6 +128,13 @@ class PortConflict(CheckFailed):
     kind = "port-conflict"
 
 
+class SupersededUnproven(CheckFailed):
+    """A patch set's `superseded` record names the installed release, but the release does not
+    prove it: its files are not the recorded ones, or the effect cases fail there."""
+
+    kind = "superseded-unproven"
+
+
 class PortRefused(CheckFailed):
     """`port`: the target release cannot take the patch as it is (an unguarded reader)."""
 

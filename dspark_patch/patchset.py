@@ -17,14 +17,15 @@ from importlib import resources
 from pathlib import Path
 from typing import Literal
 
-from . import ownfiles
+from . import ownfiles, supersession
 from .errors import BadInput, InvalidPatchSet, UnknownPatchSet, UnsupportedRelease
 
 DEFAULT_PATCH_SET = "dspark-skip-mtp-buffer"
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _ID = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
-_TOP_KEYS = {"id", "title", "summary", "distribution", "strip", "probe", "probe_beside", "requires", "variants"}
+_TOP_KEYS = {"id", "title", "summary", "distribution", "strip", "probe", "probe_beside", "requires", "variants",
+             "superseded"}
 _BESIDE = re.compile(r"^--[a-z][a-z0-9-]*$")
 _REQUIRED_TOP = {"id", "title", "summary", "distribution", "variants"}
 _VARIANT_KEYS = {"name", "releases", "diff", "files", "review", "ported_from"}
@@ -80,6 +81,8 @@ class PatchSet:
     # The patch sets that must come before this one in a series (series.py): for a file one of
     # them also changes, this set's pre_sha256 is the hash after them.
     requires: tuple[str, ...] = ()
+    # Releases that ship the change in their own form (supersession.py): proven, never assumed.
+    superseded: tuple[supersession.Superseded, ...] = ()
 
     @property
     def is_bare(self) -> bool:
@@ -92,8 +95,12 @@ class PatchSet:
         text = "".join(
             f"{v.name}\0{','.join(v.releases)}\0{v.diff_sha256}\0"
             + "".join(f"{path}\0{h.pre_sha256}\0{h.post_sha256}\0" for path, h in sorted(v.files.items())) + "\n"
-            for v in self.variants)
+            for v in self.variants) + "".join(r.digest_text for r in self.superseded)
         return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
+
+    def superseded_for(self, release: str) -> supersession.Superseded | None:
+        """The record saying `release` ships this set's change in its own form, or None."""
+        return next((r for r in self.superseded if release in r.releases), None)
 
     def variant_for(self, release: str) -> Variant:
         for variant in self.variants:
@@ -267,11 +274,33 @@ def load_dir(folder: Path) -> PatchSet:
             if release in seen:
                 raise InvalidPatchSet(f"{where}: release {release} is in both {seen[release]} and {variant.name}")
             seen[release] = variant.name
+    superseded = _superseded(folder, doc.get("superseded", []), seen, where=where, has_probe=probe is not None)
     return PatchSet(
         id=pid, title=_str(doc, "title", where), summary=_str(doc, "summary", where),
         distribution=_str(doc, "distribution", where), strip=strip, probe=probe, probe_modules=probe_modules,
-        probe_beside=beside, source=folder, variants=variants, requires=requires,
+        probe_beside=beside, source=folder, variants=variants, requires=requires, superseded=superseded,
     )
+
+
+def _superseded(folder: Path, raw: object, seen: dict[str, str], *, where: str,
+                has_probe: bool) -> tuple[supersession.Superseded, ...]:
+    """The `[[superseded]]` tables: a release is either a variant's or a record's, never both."""
+    if not isinstance(raw, list):
+        raise InvalidPatchSet(f"{where}: superseded must be [[superseded]] tables")
+    records = []
+    for i, table in enumerate(raw, 1):
+        record = supersession.parse(table, where=f"{where} [[superseded]] #{i}", has_probe=has_probe)
+        if record.review_file is not None:
+            review = _inside(folder, record.review_file, what="review_file", where=where)
+            if not os.path.lexists(review):
+                raise InvalidPatchSet(f"{where}: review file {record.review_file} is missing from {folder}")
+        for release in record.releases:
+            if release in seen:
+                raise InvalidPatchSet(f"{where}: release {release} is in both {seen[release]} and {record.name}",
+                                      hint="a release either needs the patch (a variant) or ships it (a superseded record)")
+            seen[release] = record.name
+        records.append(record)
+    return tuple(records)
 
 
 def _requires(raw: object, pid: str, *, where: str) -> tuple[str, ...]:

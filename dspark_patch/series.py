@@ -22,6 +22,7 @@ from .errors import DsparkPatchError, HunkDoesNotApply, InvalidSeries, Unsupport
 from .patching.diff import Diff, parse_diff
 from .patching.plan import plan_one_way
 from .patchset import FileHashes, PatchSet, Variant, resolve
+from .supersession import first_difference
 
 SERIES_LIMIT = 1 << 16   # a series file lists a few patch sets, not megabytes of lines
 MAX_SETS = 64
@@ -160,7 +161,7 @@ def _cycle(ids: dict[str, PatchSet]) -> list[str] | None:
 
 
 # A patch set's state in a tree, as status reports it (report/status_model.py PatchSetState).
-State = Literal["applied", "absent", "partial", "drifted", "not-applicable", "upstream"]
+State = Literal["applied", "absent", "partial", "drifted", "not-applicable", "upstream", "superseded"]
 
 
 def state_of(patchset: PatchSet, hashes: Mapping[str, str], release: str, others: Sequence[PatchSet] = (),
@@ -169,13 +170,17 @@ def state_of(patchset: PatchSet, hashes: Mapping[str, str], release: str, others
     version): every file the reviewed post-image -> applied, every file the pre-image -> absent,
     some of each -> partial, any file neither -> drifted; no variant for the release ->
     not-applicable, or `upstream` when the tree already has its newest variant's change (`read`:
-    the tree's files, by path; see `upstream`). `others`: the other known patch sets. In a series a file may be changed again by a later
+    the tree's files, by path; see `upstream`), or `superseded` when a `[[superseded]]` record
+    names the release and every file it names is the one its effect cases were proven on. `others`: the other known patch sets. In a series a file may be changed again by a later
     set that requires this one (this one is then applied under it: the file is that set's
     reviewed post-image), and a file this one changes may have been changed first by a set it
     requires (this one is then absent while the file is that set's reviewed pre-image)."""
     try:
         variant = patchset.variant_for(release)
     except UnsupportedRelease:
+        record = patchset.superseded_for(release)
+        if record is not None:   # its files as proven (apply/verify/probe run the effect cases)
+            return "superseded" if first_difference(record, hashes.get) is None else "not-applicable"
         return "upstream" if read is not None and upstream(patchset, read, release) is not None else "not-applicable"
     applied_as, absent_as = _in_series(patchset, others, release)
     pre = post = neither = 0

@@ -46,7 +46,7 @@ P = _probe_constants()
 CASES = [
     P["C_FLAG"], P["C_METHODS"], P["C_IMPORTS"], P["C_RESOLVER"],
     P["C_FLAG_OFF"], P["C_SKIP"], P["C_DFLASH"], P["C_OTHER"], P["C_V1"], P["C_PP"],
-    P["C_BOUNDS"], P["C_MALFORMED"], P["C_PREFERRED"], P["C_INVALID"], P["C_ALLOC"],
+    P["C_BOUNDS"], P["C_MALFORMED"], P["C_PREFERRED"], P["C_INVALID"], P["C_ALLOC"], P["C_EFFECT"],
     P["C_RESOLUTION"], *P["C_BRANCH"].values(), P["C_NEGATIVE"], P["C_REPLAY"], P["C_CAPTURE"],
     P["C_PASSES"], P["C_DRAFTER"], P["C_FORWARD"], P["C_RUNNER"], P["C_CENSUS"], P["C_NO_VLLM"],
 ]
@@ -55,7 +55,7 @@ CASES = [
 FAILS_UNPATCHED = {
     P["C_FLAG"], P["C_IMPORTS"], P["C_RESOLVER"], P["C_FLAG_OFF"], P["C_SKIP"], P["C_DFLASH"],
     P["C_OTHER"], P["C_V1"], P["C_PP"], P["C_BOUNDS"], P["C_MALFORMED"], P["C_PREFERRED"],
-    P["C_INVALID"], P["C_ALLOC"],
+    P["C_INVALID"], P["C_ALLOC"], P["C_EFFECT"],
 }
 
 

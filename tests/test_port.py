@@ -43,7 +43,7 @@ def _starting_patch_set(where: Path) -> Path:
     toml = (dest / "patch.toml").read_text(encoding="utf-8")
     cut = toml.index("\n# Made by `dspark-patch port --to 0.32.0`")
     (dest / "patch.toml").write_text(toml[:cut + 1], encoding="utf-8")
-    for name in ("vllm-0.32.0.patch", "vllm-0.32.0.review.md", "census-vllm-0.32.0.json"):
+    for name in ("vllm-0.32.0.patch", "vllm-0.32.0.review.md", "census-vllm-0.32.0.json", "vllm-0.34.0.superseded.md"):
         (dest / name).unlink(missing_ok=True)
     assert [v.name for v in load_dir(dest).variants] == ["vllm-0.33.0"]
     return dest

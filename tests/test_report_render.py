@@ -234,7 +234,7 @@ def test_json_has_the_contract_field_names() -> None:
     doc = to_data(applied_report())
     assert list(doc) == [
         "schema", "command", "status", "exit_code", "tool_version", "started_at", "target",
-        "result_image", "patch", "series", "files", "compile", "probe", "integrity", "layer", "labels",
+        "result_image", "patch", "series", "superseded", "files", "compile", "probe", "integrity", "layer", "labels",
         "index", "platforms", "attestations", "checks", "steps", "errors", "notes",
     ]  # fmt: skip
     assert doc["target"]["distribution"] == {"name": "vllm", "version": "0.33.0", "location": SITE}

@@ -15,7 +15,7 @@ from . import common, output
 if TYPE_CHECKING:
     from ..report.status_model import FleetStatus, ImageStatus
 
-_STATE_STYLE = {"applied": "green", "absent": "dim", "partial": "red", "drifted": "red", "not-applicable": "dim", "upstream": "cyan"}
+_STATE_STYLE = {"applied": "green", "absent": "dim", "partial": "red", "drifted": "red", "not-applicable": "dim", "upstream": "cyan", "superseded": "cyan"}
 
 
 def register(app: typer.Typer) -> None:

@@ -18,7 +18,7 @@ from ..report.model import AuditReport, FileReport, ImageRecord
 from ..targets.base import ImageCapable, Journaled, PullCallback, Target
 from ..targets.caches import seal
 from ..targets.layers.scan import LayerScan
-from . import local_steps
+from . import local_steps, supersede
 from .apply_steps import run_steps
 from .context import ApplyContext, ImageFlow, Outcome
 from .image_steps import (
@@ -124,6 +124,12 @@ def probe(request: ProbeRequest, *, source: Source, on_step: StepCallback | None
             which = f"patch set {patchset.id}" if patchset.id else f"the bare diff {patchset.source.name}"
             raise BadInput(f"{which} has no probe, so there is nothing to run",
                            hint="choose a patch set whose patch.toml names a probe (dspark-patch show ID)")
+        record = patchset.superseded_for(dist.version)
+        if record is not None:   # the release ships the change: its effect cases are the probe
+            proven = supersede.prove(patchset, record, target, dist, run, probe=True, allow_unreviewed=True)
+            run.update(superseded=(proven,))
+            run.notes.append(supersede.note(proven, dist.name))
+            return run.report("probed")
         probe_step(target, dist, patchset.probe, run, patchset.probe_modules)
         return run.report("probed")
 
@@ -209,7 +215,8 @@ def _apply(request: ApplyRequest, target: Target, run: RunLog, on_result: Result
     try:
         prepared = prepare(
             run, target, request.patches, request.strip, series_file=request.series, after_load=early,
-            allow_unknown_base=request.allow_unknown_base, allow_unreviewed=request.allow_unreviewed)
+            allow_unknown_base=request.allow_unknown_base, allow_unreviewed=request.allow_unreviewed,
+            probe=request.probe)
     except AllUpstream as upstream:
         early.cancel()
         return nothing_to_carry(request, target, run, upstream.dist)
@@ -319,7 +326,8 @@ def _verify(request: VerifyRequest, target: Target, run: RunLog) -> AuditReport:
     early = EarlyStart(target, wanted=request.probe)  # it overlaps the integrity walk
     patches = request.patches or (labelled(target, run) if request.series is None else ())
     try:
-        prepared = prepare(run, target, patches, request.strip, series_file=request.series, after_load=early)
+        prepared = prepare(run, target, patches, request.strip, series_file=request.series, after_load=early,
+                           probe=request.probe)
     except AllUpstream as upstream:
         early.cancel()
         return verify_upstream(target, run, upstream.dist)

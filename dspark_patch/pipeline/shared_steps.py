@@ -29,7 +29,7 @@ from ..probe.prestart import EarlyProbe
 from ..probe.run import run_probe, start_probe_early
 from ..report.model import CompiledFile, CompileReport, FileReport, HunkReport, PatchReport, ProbeReport
 from ..targets.base import Distribution, Target
-from . import series_steps
+from . import series_steps, supersede
 from .diff_checks import load_diff
 from .policy import CheckPolicy
 from .runlog import RunLog, with_distribution
@@ -37,11 +37,12 @@ from .runlog import RunLog, with_distribution
 
 def prepare(run: RunLog, target: Target, patches: tuple[str, ...], strip: int | None, *, series_file: str | None = None,
             after_load: Callable[[PatchSet], None] | None = None, allow_unknown_base: bool = False,
-            allow_unreviewed: bool = False) -> Prepared:
+            allow_unreviewed: bool = False, probe: bool = True) -> Prepared:
     """Load the patch set (or the series) and derive its check policy, find the installed
     distribution, pick the variant and parse its diff (`after_load` runs between the first two:
     the probe may start early there). A series of several is folded into the one change it
-    makes (series_steps.py); its members are in `folded`."""
+    makes (series_steps.py); its members are in `folded`. `probe`: False for --no-probe (a
+    superseded set cannot then be proven)."""
     with run.step("load patch"):
         series = series_mod.load(patches, series_file=series_file, strip=strip)
     lead = next((p for p in series if p.probe is not None), series.sets[0])
@@ -55,7 +56,8 @@ def prepare(run: RunLog, target: Target, patches: tuple[str, ...], strip: int | 
     with run.step("locate"):
         dist = target.locate(lead.distribution)
     run.update(target=with_distribution(run.draft.target, dist))
-    series = _carried(series, target, dist, run)
+    early = after_load if isinstance(after_load, EarlyStart) else None
+    series = _carried(series, target, dist, run, probe=probe, allow_unreviewed=allow_unreviewed, early=early)
     lead = next((p for p in series if p.probe is not None), series.sets[0])
     if len(series) == 1:
         variant, diff = select_variant(lead, policy, dist, strip, run)
@@ -83,11 +85,21 @@ class AllUpstream(Exception):
         self.dist = dist
 
 
-def _carried(series: series_mod.Series, target: Target, dist: Distribution, run: RunLog) -> series_mod.Series:
+def _carried(series: series_mod.Series, target: Target, dist: Distribution, run: RunLog, *, probe: bool,
+             allow_unreviewed: bool, early: EarlyStart | None) -> series_mod.Series:
     """The members still to carry: a patch set with no variant for the installed release whose
-    change that release already has is upstream, skipped with a note naming the release."""
+    change that release already has is upstream, skipped with a note naming the release; one
+    whose `superseded` record names the release is proven there (supersede.py) and skipped."""
     kept = []
     for patchset in series:
+        record = patchset.superseded_for(dist.version)
+        if record is not None:
+            proven = supersede.prove(patchset, record, target, dist, run, probe=probe,
+                                     allow_unreviewed=allow_unreviewed,
+                                     early=early.take() if early is not None else None)
+            run.update(superseded=(*run.draft.superseded, proven))
+            run.notes.append(supersede.note(proven, dist.name))
+            continue
         found = series_mod.upstream(patchset, target.read, dist.version)
         if found is None:
             kept.append(patchset)

@@ -1,6 +1,6 @@
 """apply and verify when every patch set named is upstream in the installed release (series.py
-`upstream`): nothing is carried, nothing written or named; the tree must still be the published
-wheel, checked as any base is."""
+`upstream`) or superseded by it (supersede.py, proven before this runs): nothing is carried,
+nothing written or named; the tree must still be the published wheel, checked as any base is."""
 
 from __future__ import annotations
 
@@ -25,9 +25,15 @@ def nothing_to_carry(request: ApplyRequest, target: Target, run: RunLog, dist: D
         refuse_started(refuse_runs_first(target, dist, run), dist.name, run)
     check_base(run, target, dist, Diff(files=(), sha256=""), None,
                CheckPolicy(release_checks=True, allow_unknown_base=request.allow_unknown_base))
+    why = _why(run)
     for name in UNWRITTEN:
-        run.skipped(name, "upstream")
+        if not (name == "probe" and run.draft.probe.ran):   # a superseded set's effect cases ran
+            run.skipped(name, why)
     return run.report("already-applied")
+
+
+def _why(run: RunLog) -> str:
+    return "superseded" if run.draft.superseded else "upstream"
 
 
 def verify_upstream(target: Target, run: RunLog, dist: Distribution) -> AuditReport:
@@ -41,7 +47,8 @@ def verify_upstream(target: Target, run: RunLog, dist: Distribution) -> AuditRep
         copy = unimported_copies(target, dist, run)
         problems += [copy] if copy is not None else []
         problems[:0] = runs_first(target, dist, run)
-    run.skipped("probe", "upstream")
+    if not run.draft.probe.ran:
+        run.skipped("probe", _why(run))
     if problems:
         raise VerifyMismatch(f"{run.draft.target.ref} does not carry exactly the release: " + "; ".join(problems[:3]),
                              hint="rebuild the image from the release")

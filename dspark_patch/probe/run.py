@@ -125,19 +125,24 @@ def start_probe_early(target: Target, probe: Path, *, modules: tuple[Path, ...] 
 
 
 def run_probe(target: Target, dist: Distribution, probe: Path, *, modules: tuple[Path, ...] = (),
-              timeout: float = PROBE_TIMEOUT_S, early: EarlyProbe | None = None) -> ProbeReport:
+              timeout: float = PROBE_TIMEOUT_S, early: EarlyProbe | None = None,
+              only: tuple[str, ...] = ()) -> ProbeReport:
     """Run the probe script `probe` (a patch set's, with the `modules` it imports) against `dist`
     with the target's python (handing the go-ahead to `early` if it was started early, else, or if
-    it cannot serve, afresh)."""
+    it cannot serve, afresh). `only`: judge just these cases (a superseded record's effect cases);
+    the verdict then holds only when the probe reported exactly them, each passing."""
     source = bundle(probe, modules)
-    args = ["--site", dist.location, "--json"]
+    args = ["--site", dist.location, "--json", *(a for name in only for a in ("--only", name))]
     result = early.go(dist, args, timeout=timeout) if early is not None else None
     if result is None:
         result = target.run_python(source, args, env=_PROBE_ENV, timeout=timeout)
     # Named inside the patch set's folder: the same on every machine, wherever the checkout is.
     files = ", ".join(_inside(p, probe.parent) for p in (probe, *modules))
     digest = hashlib.sha256(source.encode("utf-8", "surrogateescape")).hexdigest()
-    return replace(_verdict(result, probe, dist, timeout), source=f"{files} (sha256 {digest[:16]}…)",
+    verdict = _verdict(result, probe, dist, timeout)
+    if only and verdict.ok and tuple(c.name for c in verdict.cases) != tuple(dict.fromkeys(only)):
+        verdict = replace(verdict, ok=False, detail=f"the probe did not report exactly the {len(only)} cases asked for")
+    return replace(verdict, source=f"{files} (sha256 {digest[:16]}…)",
                    ran_in=_where(target, dist))
 
 

@@ -133,6 +133,20 @@ class ProbeReport:
 
 
 @dataclass(frozen=True, kw_only=True)
+class SupersededReport:
+    """A patch set the installed release makes unnecessary (patch.toml `[[superseded]]`): proven
+    by the record's files and its effect cases, run on the pristine release (the run's `probe`)."""
+
+    id: str
+    record: str                     # the record's name, e.g. "vllm-0.34.0"
+    release: str
+    upstream: str                   # what the release does instead
+    where: tuple[str, ...]          # "path:function" entries
+    review: Literal["reviewed", "unreviewed"]
+    effect_cases: tuple[str, ...]   # the probe cases that proved it (their results are in `probe`)
+
+
+@dataclass(frozen=True, kw_only=True)
 class IntegrityReport:
     """RECORD integrity of the distribution's own files other than the patched ones."""
 
@@ -271,6 +285,8 @@ class AuditReport:
     # A series of several patch sets: each member in order (`patch` then names the series as a
     # whole, its id and variant the members' joined by "+"); empty for one patch set.
     series: tuple[PatchReport, ...] = ()
+    # Patch sets named that the installed release ships in its own form: skipped, with the proof.
+    superseded: tuple[SupersededReport, ...] = ()
     files: tuple[FileReport, ...] = ()
     compile: CompileReport = field(default_factory=lambda: CompileReport(ok=True, ran=False))
     probe: ProbeReport = field(default_factory=lambda: ProbeReport(ok=True, ran=False))

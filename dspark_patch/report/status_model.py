@@ -15,7 +15,8 @@ STATUS_SCHEMA = "dspark-patch/status/v1"
 # applied: every file is its post-image; absent: every file is its pre-image; partial: some of
 # each; drifted: a file is neither; not-applicable: the patch set has no variant for the release;
 # upstream: it has none, and the release already has its newest variant's change.
-PatchSetState = Literal["applied", "absent", "partial", "drifted", "not-applicable", "upstream"]
+# superseded: it has none, and a reviewed `[[superseded]]` record names the release, its files as proven.
+PatchSetState = Literal["applied", "absent", "partial", "drifted", "not-applicable", "upstream", "superseded"]
 # With `status --key`, per applied patch set: yes, a valid signed attestation is attached to the
 # image's manifest in its registry; no, none is; invalid, one is but it does not hold (a finding).
 AttestedState = Literal["yes", "no", "invalid"]

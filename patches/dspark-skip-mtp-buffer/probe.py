@@ -62,6 +62,7 @@ from probe_common import (
     AUX_RESOLVER_FN,
     C_ALLOC,
     C_CENSUS,
+    C_EFFECT,
     C_FORWARD,
     C_IMPORTS,
     C_METHODS,
@@ -109,6 +110,9 @@ from probe_decision import (
     invalid_flag_case,
     load_envs,
     load_spec_config_class,
+)
+from probe_effect import (
+    effect_case,
 )
 from probe_runner import (
     runner_case,
@@ -192,6 +196,10 @@ def run_cases(site: Path, torch, scan: Scan | None = None) -> tuple[list[CaseRes
         cases.append(CaseResult(C_ALLOC, False, f"{SPEC_CONFIG_CLASS} could not be loaded"))
     else:
         cases.append(allocation_case(torch, sources, decision, envs, spec_cls))
+    if spec_cls is None:
+        cases.append(CaseResult(C_EFFECT, False, f"{SPEC_CONFIG_CLASS} could not be loaded"))
+    else:
+        cases.append(effect_case(torch, sources, decision, envs, spec_cls, methods))
 
     # The consumers: every DSparkSpeculator method that touches target hidden states, found
     # by structure (the choice between aux states and the residual), run as DSpark runs them.
@@ -300,6 +308,10 @@ def main(argv: list[str] | None = None) -> int:
     # go-ahead, and the probe reads its output with --census-from (unreadable: it walks itself).
     parser.add_argument("--census", action="store_true", help="print only the census's walk (JSON) and exit")
     parser.add_argument("--census-from", metavar="PATH", help="the census's walk, as --census printed it")
+    # A release that ships the change in its own form is judged on the effect cases alone (the
+    # patch set's `superseded` record names them): the others are about the patch's own code.
+    parser.add_argument("--only", metavar="CASE", action="append", default=[],
+                        help="report and judge only this case (repeatable; an unknown name fails)")
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:
@@ -336,6 +348,9 @@ def main(argv: list[str] | None = None) -> int:
         cases, refs = run_cases(site, torch, _scan_from(args.census_from, site))
     finally:
         sys.meta_path.remove(guard)
+    if args.only:
+        by_name = {c.name: c for c in cases}
+        cases = [by_name.get(n) or CaseResult(n, False, "not a case of this probe") for n in dict.fromkeys(args.only)]
     ok = all(c.ok for c in cases)
     print(json.dumps({"schema": SCHEMA, "ok": ok, "cases": [c.as_json() for c in cases],
                       "census": [r.as_json() for r in refs]}))

@@ -69,11 +69,14 @@ class PpGroup:
         self.world_size = pp
 
 
-def run_allocation(torch, code, decision, envs, spec_cls, *, flag, method, pp, rows, hc_dim):
+def run_allocation(torch, code, decision, envs, spec_cls, *, flag, method, pp, rows, hc_dim,
+                   v2=True, aux=True, extra=None):
+    """Run the allocation slice once; `extra`: functions it calls that the tree defines elsewhere
+    (upstream's decision), loaded by probe_effect.called_functions."""
     logger = FakeLogger()
     self_obj = Obj(hc_dim=hc_dim)
     cfg = make_vllm_config(
-        spec_cls, method=method, v2=True, pp=pp, hf=dict(LAYER_VARIANTS[0][2]), rows=rows,
+        spec_cls, method=method, v2=v2, pp=pp, hf=dict(LAYER_VARIANTS[0][2]) if aux else {}, rows=rows,
         dtype=torch.bfloat16,
     )
     namespace: dict[str, object] = {
@@ -87,6 +90,7 @@ def run_allocation(torch, code, decision, envs, spec_cls, *, flag, method, pp, r
     }
     if decision is not None:
         namespace[DECISION_FN] = decision
+    namespace.update(extra or {})
     with FlagEnv(flag):
         exec(code, namespace)
     return getattr(self_obj, BUFFER_ATTR, "<unset>"), logger.records

@@ -111,6 +111,9 @@ C_MALFORMED = case("decision: non-int, duplicate, empty or missing layer ids kee
 C_PREFERRED = case("decision: layer ids are the ones the runner resolves (preferred key, DFlash config, V4.1)")
 C_INVALID = case("decision: an invalid flag value is a startup error naming the variable")
 C_ALLOC = case("allocation: skips with one INFO line, allocates for flag off, MTP and PP 2")
+# What the patch is for, whoever makes the decision (the patch's flag, or a release that ships
+# the change in its own form): the case a `superseded` record in patch.toml names first.
+C_EFFECT = case("effect: DSpark (V2, PP 1, valid aux layers) leaves the buffer unallocated; MTP, EAGLE3 and DFlash keep it")
 C_RESOLUTION = case(f"consumer: {CONSUMER_METHOD} resolves through {CONSUMER_CLASS}'s bases")
 C_BRANCH = {  # registered below, in this order
     "ordinary": "consumer: an eager step combines the aux states, never reads the residual",
