@@ -25,7 +25,7 @@ DEFAULT_PATCH_SET = "dspark-skip-mtp-buffer"
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _ID = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 _TOP_KEYS = {"id", "title", "summary", "distribution", "strip", "probe", "probe_beside", "requires", "variants",
-             "superseded"}
+             "superseded", "effect_cases"}
 _BESIDE = re.compile(r"^--[a-z][a-z0-9-]*$")
 _REQUIRED_TOP = {"id", "title", "summary", "distribution", "variants"}
 _VARIANT_KEYS = {"name", "releases", "diff", "files", "review", "ported_from"}
@@ -83,6 +83,8 @@ class PatchSet:
     requires: tuple[str, ...] = ()
     # Releases that ship the change in their own form (supersession.py): proven, never assumed.
     superseded: tuple[supersession.Superseded, ...] = ()
+    # The probe's cases that test the change's effect (supersession.effect_cases).
+    effect_cases: tuple[str, ...] = ()
 
     @property
     def is_bare(self) -> bool:
@@ -274,22 +276,28 @@ def load_dir(folder: Path) -> PatchSet:
             if release in seen:
                 raise InvalidPatchSet(f"{where}: release {release} is in both {seen[release]} and {variant.name}")
             seen[release] = variant.name
-    superseded = _superseded(folder, doc.get("superseded", []), seen, where=where, has_probe=probe is not None)
+    effects = supersession.effect_cases(doc.get("effect_cases"), where=where)
+    if effects and probe is None:
+        raise InvalidPatchSet(f"{where}: effect_cases names cases of a probe, and the patch set has none")
+    superseded = _superseded(folder, doc.get("superseded", []), seen, where=where, has_probe=probe is not None,
+                             default_cases=effects)
     return PatchSet(
         id=pid, title=_str(doc, "title", where), summary=_str(doc, "summary", where),
         distribution=_str(doc, "distribution", where), strip=strip, probe=probe, probe_modules=probe_modules,
         probe_beside=beside, source=folder, variants=variants, requires=requires, superseded=superseded,
+        effect_cases=effects,
     )
 
 
 def _superseded(folder: Path, raw: object, seen: dict[str, str], *, where: str,
-                has_probe: bool) -> tuple[supersession.Superseded, ...]:
+                has_probe: bool, default_cases: tuple[str, ...]) -> tuple[supersession.Superseded, ...]:
     """The `[[superseded]]` tables: a release is either a variant's or a record's, never both."""
     if not isinstance(raw, list):
         raise InvalidPatchSet(f"{where}: superseded must be [[superseded]] tables")
     records = []
     for i, table in enumerate(raw, 1):
-        record = supersession.parse(table, where=f"{where} [[superseded]] #{i}", has_probe=has_probe)
+        record = supersession.parse(table, where=f"{where} [[superseded]] #{i}", has_probe=has_probe,
+                                    default_cases=default_cases)
         if record.review_file is not None:
             review = _inside(folder, record.review_file, what="review_file", where=where)
             if not os.path.lexists(review):

@@ -20,7 +20,7 @@ from .errors import InvalidPatchSet
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _KEYS = {"name", "releases", "upstream", "where", "files", "effect_cases", "review", "review_file"}
-_REQUIRED = {"name", "releases", "upstream", "where", "files", "effect_cases"}
+_REQUIRED = {"name", "releases", "upstream", "where", "files"}
 ReviewState = Literal["reviewed", "unreviewed"]
 
 
@@ -54,7 +54,8 @@ def first_difference(record: Superseded, sha256_of: Callable[[str], str | None])
     return None
 
 
-def parse(raw: object, *, where: str, has_probe: bool) -> Superseded:
+def parse(raw: object, *, where: str, has_probe: bool, default_cases: tuple[str, ...] = ()) -> Superseded:
+    """One `[[superseded]]` table; its `effect_cases` default to the patch set's own."""
     if not isinstance(raw, dict):
         raise InvalidPatchSet(f"{where}: must be a table")
     unknown = sorted(set(raw) - _KEYS)
@@ -69,7 +70,10 @@ def parse(raw: object, *, where: str, has_probe: bool) -> Superseded:
     name, upstream = _text(raw, "name", where), _text(raw, "upstream", where)
     releases = _strings(raw, "releases", where)
     place = _strings(raw, "where", where)
-    cases = _strings(raw, "effect_cases", where)
+    if "effect_cases" not in raw and not default_cases:
+        raise InvalidPatchSet(f"{where}: needs effect_cases (or the patch set's top-level effect_cases)",
+                              hint="name the probe cases that test the change's effect, not its code")
+    cases = _strings(raw, "effect_cases", where) if "effect_cases" in raw else default_cases
     if len(set(cases)) != len(cases):
         raise InvalidPatchSet(f"{where}: effect_cases lists a case twice")
     files = raw["files"]
@@ -98,6 +102,18 @@ def _text(raw: dict, key: str, where: str) -> str:
     if not isinstance(value, str) or not value.strip() or "\n" in value:
         raise InvalidPatchSet(f"{where}: {key} must be a non-empty string of one line")
     return value
+
+
+def effect_cases(raw: object, *, where: str) -> tuple[str, ...]:
+    """The patch set's top-level `effect_cases`: its probe's cases that test the change's effect
+    (what the code does), not the patch's own code; `port` runs them on a release it cannot merge
+    onto, to see whether the release ships the change."""
+    if raw is None:
+        return ()
+    cases = _strings({"effect_cases": raw}, "effect_cases", where)
+    if len(set(cases)) != len(cases):
+        raise InvalidPatchSet(f"{where}: effect_cases lists a case twice")
+    return cases
 
 
 def _strings(raw: dict, key: str, where: str) -> tuple[str, ...]:

@@ -80,6 +80,13 @@ def _render(report: PortReport) -> None:
         output.line(f"  {f.path}: {f.status}{' (' + where + ')' if where else ''}")
         for line in f.conflicts:
             output.line(f"  conflict: {line}")
+    if report.superseded_candidate:
+        output.line(f"  {report.release} appears to ship the change: the effect cases pass on the pristine release")
+        for w in report.ships_change:
+            output.line(f"  decided at: {w}")
+        for b in report.behaviour:
+            output.line(f"  differs: {b}")
+        output.line(f"  wrote an unreviewed superseded record: {report.superseded_candidate}")
     for e in report.unguarded:
         output.line(f"  unguarded reader: {reader_line(e)}: {e.verdict}")
     if report.probe is not None and report.probe.ran:

@@ -99,6 +99,7 @@ class _Flow:
         self.report = report
         self.earlier = earlier
         self.work = WorkDir(Path(request.work or "dspark-patch-port"))
+        self.pristine_probe: ProbeReport | None = None   # the probe on the pristine release
 
     def update(self, **fields: object) -> None:
         self.report = replace(self.report, **fields)  # type: ignore[arg-type]
@@ -119,6 +120,7 @@ class _Flow:
             self.work = WorkDir(Path("dspark-patch-port") / f"{patchset.id}-{request.release}")
         self.update(patch=patchset.id, source_variant=variant.name, work=str(self.work.root))
         covered = {r: v.name for v in patchset.variants for r in v.releases}
+        covered.update({r: f"superseded record {s.name}" for s in patchset.superseded for r in s.releases})
         if request.release in covered:
             raise BadInput(f"patch set {patchset.id} already has variant {covered[request.release]} for "
                            f"{patchset.distribution} {request.release}; there is nothing to port",
@@ -144,7 +146,7 @@ class _Flow:
             self._refuse_unguarded(target, dist, patchset)
 
         if state is None:
-            state = self._merge(patchset, variant, diff, pristine)
+            state = self._merge(patchset, variant, diff, pristine, target)
         contents = self._resolved(state, pristine)
         candidates = tuple(CandidateFile(path=fp.path, pre=pristine[fp.path], post=contents[fp.path]) for fp in diff.files)
         if all(c.pre == c.post for c in candidates):
@@ -177,7 +179,8 @@ class _Flow:
 
     def _refuse_unguarded(self, target: Target, dist: Distribution, patchset: PatchSet) -> None:
         assert patchset.probe is not None
-        readers = unguarded_readers(run_probe(target, dist, patchset.probe, modules=patchset.probe_modules))
+        self.pristine_probe = run_probe(target, dist, patchset.probe, modules=patchset.probe_modules)
+        readers = unguarded_readers(self.pristine_probe)
         if not readers:
             return
         self.update(status="refused", unguarded=readers)
@@ -188,7 +191,8 @@ class _Flow:
             "(no longer allocation-only), see docs/porting.md",
         )
 
-    def _merge(self, patchset: PatchSet, variant: Variant, diff: Diff, pristine: dict[str, bytes]) -> WorkState:
+    def _merge(self, patchset: PatchSet, variant: Variant, diff: Diff, pristine: dict[str, bytes],
+               target: Target) -> WorkState:
         merges: list[FileMerge] = [merge_file(fp, pristine[fp.path]) for fp in diff.files]
         assert patchset.id is not None
         state = WorkState(patch=patchset.id, source_variant=variant.name, release=self.request.release, files=tuple(
@@ -202,12 +206,48 @@ class _Flow:
         conflicts = [c for m in merges for c in m.conflicts]
         if conflicts:
             self.update(status="conflict")
+            ships = self._ships_change(patchset, target)
+            if ships is not None:
+                raise PortConflict(
+                    f"{len(conflicts)} hunk(s) of {variant.name} do not land in {self.request.release}, and "
+                    f"{self.request.release} appears to ship the change itself: {ships}",
+                    hint=f"review {self.report.superseded_candidate} and add it to patch.toml (docs/porting.md, "
+                         "\"Moving to a new release\"); or resolve the markers to carry the patch anyway",
+                )
             raise PortConflict(
                 f"{len(conflicts)} hunk(s) of {variant.name} do not land exactly in {self.request.release}; "
                 f"resolve the markers in {self.work.root / 'files'}, then run the same port command again",
                 hint="nothing was written into the patch set",
             )
         return state
+
+    def _ships_change(self, patchset: PatchSet, target: Target) -> str | None:
+        """Hunks conflict: do the patch set's effect cases pass on the pristine release (the probe
+        `_refuse_unguarded` ran)? Then the release appears to ship the change: say where it decides
+        and what the probe sees differ, and write an unreviewed candidate `[[superseded]]` record
+        beside the work folder. None when there are no effect cases or one of them fails."""
+        probed = self.pristine_probe
+        if probed is None or not patchset.effect_cases:
+            return None
+        by_name = {c.name: c for c in probed.cases}
+        effects = [by_name.get(name) for name in patchset.effect_cases]
+        if not all(c is not None and c.ok for c in effects):
+            return None
+        release, dist_name = self.request.release, patchset.distribution
+        paths = sorted({w.split(":", 1)[0] for w in probed.where})
+        files = {path: sha256(_pristine(target, path)) for path in paths}
+        behaviour = tuple(f"{c.name}: {c.detail}" for c in effects if c is not None and "beyond" in c.detail)
+        own = [c.name for c in probed.cases if not c.ok and c.name not in patchset.effect_cases]
+        if own:   # the patch's own code is not in the release: one line, its groups named
+            groups = ", ".join(dict.fromkeys(n.split(":", 1)[0] for n in own))
+            behaviour += (f"{len(own)} cases of the patch's own code fail, as expected where it is not applied ({groups})",)
+        name = f"superseded-{dist_name}-{release}"
+        record = _candidate_record(f"{dist_name}-{release}", release, probed.where, files, f"{name}.md")
+        path = self.work.write_beside(f"{name}.toml", record)
+        self.work.write_beside(f"{name}.md", _candidate_review(patchset, release, effects, behaviour, probed.where))
+        self.update(ships_change=probed.where, behaviour=behaviour, superseded_candidate=str(path))
+        where = probed.where[0] if probed.where else "(the probe names no place)"
+        return f"its {len(effects)} effect cases pass on the pristine release, decided at {where}"
 
     def _resolved(self, state: WorkState, pristine: dict[str, bytes]) -> dict[str, bytes]:
         """The work folder's files after a person's edits: each one checked for leftovers."""
@@ -380,3 +420,34 @@ def _compile(target: Target, dist: Distribution, paths: list[str]) -> None:
             "; ".join(f"{p} does not compile with {dist.python} ({dist.python_version}): {d}" for p, d in bad),
             hint="fix the file in the work folder and run port again; nothing was written into the patch set",
         )
+
+
+def _candidate_record(name: str, release: str, where: tuple[str, ...], files: dict[str, str | None],
+                      review_file: str) -> str:
+    """An unreviewed `[[superseded]]` table for patch.toml (TOML basic strings are JSON's)."""
+    q = json.dumps
+    lines = ["# Written by `dspark-patch port`: the effect cases pass on the pristine release. A person",
+             "# reads the review note, writes `upstream` in their own words, copies the note beside",
+             "# patch.toml, sets review = \"reviewed\" and adds this table to patch.toml.",
+             "[[superseded]]", f"name = {q(name)}", f"releases = [{q(release)}]",
+             f"upstream = {q('TO WRITE: what ' + release + ' does instead, in one line')}",
+             "where = [" + ", ".join(q(w) for w in where) + "]",
+             'review = "unreviewed"', f"review_file = {q(review_file)}", "", "[superseded.files]"]
+    lines += [f"{q(path)} = {q(digest)}" for path, digest in files.items() if digest is not None]
+    return "\n".join(lines) + "\n"
+
+
+def _candidate_review(patchset: PatchSet, release: str, effects: list, behaviour: tuple[str, ...],
+                      where: tuple[str, ...]) -> str:
+    out = [f"# Review: {patchset.id} appears superseded by {patchset.distribution} {release}", "",
+           f"`dspark-patch port` could not merge the patch onto {release}, and the patch set's effect cases",
+           "pass on the pristine release. The candidate record beside this note is **unreviewed**.", "",
+           "## Where the release decides", "", *[f"- `{w}`" for w in where], "",
+           "## The effect cases on the pristine release", "", "| case | result | detail |", "|---|---|---|",
+           *[f"| {c.name} | {'ok' if c.ok else 'FAILED'} | {c.detail.replace('|', '/')} |" for c in effects if c is not None],
+           "", "## What the probe sees differ from the patch", "",
+           *([f"- {b}" for b in behaviour] or ["- nothing"]), "",
+           "## For the reviewer", "",
+           "State upstream's scope against the patch's reviewed scope (see vllm-0.34.0.superseded.md for the",
+           "shipped example): where the release skips more or less than the patch did, and why that is safe.", ""]
+    return "\n".join(out)

@@ -101,6 +101,11 @@ class WorkDir:
     def write_review(self, text: str) -> Path:
         return ownfiles.write_file(self.review_path, text)
 
+    def write_beside(self, name: str, text: str) -> Path:
+        """A file of the work folder's own (a candidate record), never through a link."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        return ownfiles.write_file(self.root / name, text)
+
 
 def _write_below(folder: ownfiles.Folder, dirs: list[str], name: str, data: bytes) -> None:
     if not dirs:

@@ -179,6 +179,9 @@ def _verdict(result: RunResult, probe: Path, dist: Distribution, timeout: float)
             raise ValueError("no boolean 'ok'")
         cases = tuple(ProbeCase(name=str(c["name"]), ok=bool(c["ok"]), detail=str(c["detail"])) for c in doc["cases"])
         census = tuple(_census_entry(e) for e in doc.get("census", ()))
+        where = doc.get("where", [])
+        if not isinstance(where, list) or len(where) > 64 or not all(isinstance(w, str) and 0 < len(w) <= 512 for w in where):
+            raise ValueError("'where' is not a short list of \"path:function\" strings")
     except (ValueError, KeyError, TypeError) as exc:
         return ProbeReport(
             ok=False, ran=True,
@@ -195,7 +198,7 @@ def _verdict(result: RunResult, probe: Path, dist: Distribution, timeout: float)
         detail = f"the probe reported no cases (exit {result.returncode})"
     else:
         detail = f"probe exited {result.returncode} with every case passing; stderr: {stderr_tail[0]}"
-    return ProbeReport(ok=ok, ran=True, cases=cases, census=census, detail=detail)
+    return ProbeReport(ok=ok, ran=True, cases=cases, census=census, detail=detail, where=tuple(where))
 
 
 def unguarded_readers(report: ProbeReport) -> tuple[CensusEntry, ...]:

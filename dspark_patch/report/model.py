@@ -130,6 +130,9 @@ class ProbeReport:
     # sent), and where it ran (the host, with the environment it was given, or a container).
     source: str = ""
     ran_in: str = ""
+    # Where the tree makes the decision the probe's effect case ran ("path:function"; empty for a
+    # probe that names none): what `port` writes into a candidate superseded record.
+    where: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)

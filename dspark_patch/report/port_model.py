@@ -38,3 +38,8 @@ class PortReport:
     review_path: str | None = None
     error: ErrorReport | None = None
     notes: tuple[str, ...] = ()
+    # Hunks conflict, yet the patch set's effect cases pass on the pristine release: it appears to
+    # ship the change. Where it decides, what the probe sees differ, and the candidate record.
+    ships_change: tuple[str, ...] = ()          # "path:function" entries
+    behaviour: tuple[str, ...] = ()             # one line per difference the probe can see
+    superseded_candidate: str | None = None     # the unreviewed [[superseded]] table written

@@ -112,6 +112,7 @@ from probe_decision import (
     load_spec_config_class,
 )
 from probe_effect import (
+    EFFECT_WHERE,
     effect_case,
 )
 from probe_runner import (
@@ -352,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
         by_name = {c.name: c for c in cases}
         cases = [by_name.get(n) or CaseResult(n, False, "not a case of this probe") for n in dict.fromkeys(args.only)]
     ok = all(c.ok for c in cases)
-    print(json.dumps({"schema": SCHEMA, "ok": ok, "cases": [c.as_json() for c in cases],
+    print(json.dumps({"schema": SCHEMA, "ok": ok, "cases": [c.as_json() for c in cases], "where": EFFECT_WHERE,
                       "census": [r.as_json() for r in refs]}))
     return 0 if ok else 1
 

@@ -29,6 +29,11 @@ from probe_common import (
     top_level_function,
 )
 
+# Where the decision lives, as "path:function" entries (the probe's JSON `where`): the allocation
+# site, upstream's decision function and every DeepSeek V4 model file that calls it. `port`
+# writes these into a candidate superseded record.
+EFFECT_WHERE: list[str] = []
+
 # The methods that read the buffer: each must still allocate it (when the tree declares it).
 KEEPERS = ("mtp", "eagle3", "dflash")
 # The seed's "keeps the buffer" cases for DSpark itself, as (label, flag, V2, PP, aux layers):
@@ -41,12 +46,12 @@ SCOPE = (
 )
 
 
-def called_functions(sources: Sources, stmts: list[ast.stmt], known: set[str]) -> dict[str, object]:
+def called_functions(sources: Sources, stmts: list[ast.stmt], known: set[str]) -> dict[str, tuple[object, str]]:
     """The top-level functions the slice calls by a name the model file imports from another
     installed module (upstream's decision, e.g. `needs_mtp_hidden_buffer`), loaded from that
     module's own source; names already `known` are left as they are."""
     imported = import_map(sources.module(MODEL_FILE), MODEL_FILE)
-    loaded: dict[str, object] = {}
+    loaded: dict[str, tuple[object, str]] = {}
     for stmt in stmts:
         for node in ast.walk(stmt):
             if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
@@ -60,8 +65,20 @@ def called_functions(sources: Sources, stmts: list[ast.stmt], known: set[str]) -
                 continue
             fn = top_level_function(sources.module(rel), original)
             if fn is not None:
-                loaded[name] = compile_function(fn, {}, rel)
+                loaded[name] = (compile_function(fn, {}, rel), rel)
     return loaded
+
+
+def _callers(sources: Sources, names: list[str]) -> list[str]:
+    """The allocation site's file, then every other DeepSeek V4 model file importing one of `names`."""
+    found = [MODEL_FILE]
+    for path in sorted((sources.site / "vllm" / "models").glob("deepseek_v4*/*/model.py")):
+        rel = path.relative_to(sources.site).as_posix()
+        if rel != MODEL_FILE and names and any(
+                isinstance(node, ast.ImportFrom) and any(a.name in names for a in node.names)
+                for node in sources.module(rel).body):
+            found.append(rel)
+    return found
 
 
 def effect_case(torch, sources: Sources, decision, envs, spec_cls, methods: list[str]) -> CaseResult:
@@ -70,9 +87,12 @@ def effect_case(torch, sources: Sources, decision, envs, spec_cls, methods: list
         stmts = _allocation_slice(sources)
         module = ast.fix_missing_locations(ast.Module(body=stmts, type_ignores=[]))
         code = compile(module, f"<{MODEL_FILE}:{MODEL_CLASS}.__init__>", "exec")
-        extra = called_functions(sources, stmts, {DECISION_FN, "get_pp_group", "torch", "envs", "logger"})
+        called = called_functions(sources, stmts, {DECISION_FN, "get_pp_group", "torch", "envs", "logger"})
     except Missing as exc:
         return CaseResult(name, False, str(exc))
+    extra = {fn_name: fn for fn_name, (fn, _rel) in called.items()}
+    EFFECT_WHERE[:] = [f"{rel}:{fn_name}" for fn_name, (_fn, rel) in sorted(called.items())]
+    EFFECT_WHERE.extend(f"{rel}:{MODEL_CLASS}.__init__" for rel in _callers(sources, sorted(called)))
 
     def allocated(*, flag, method, v2=True, pp=1, aux=True) -> bool:
         buf, _records = run_allocation(torch, code, decision, envs, spec_cls, flag=flag, method=method, pp=pp,
