@@ -13,7 +13,7 @@ check cannot take the patch as it is (0.31.0), and is refused naming each reader
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -422,7 +422,7 @@ def _compile(target: Target, dist: Distribution, paths: list[str]) -> None:
         )
 
 
-def _candidate_record(name: str, release: str, where: tuple[str, ...], files: dict[str, str | None],
+def _candidate_record(name: str, release: str, where: tuple[str, ...], files: Mapping[str, str | None],
                       review_file: str) -> str:
     """An unreviewed `[[superseded]]` table for patch.toml (TOML basic strings are JSON's)."""
     q = json.dumps
