@@ -146,6 +146,10 @@ def _verify(request: RegistryVerifyRequest, run: RunLog, reader: LayerReader, re
                                                      repo_digest=f"{ref.name}@{manifest.digest}")))
     labels = {str(k): str(v) for k, v in ((config.config.get("Labels") or {}).items())}
     series = _series(request, labels, run, patchsets)
+    # A set the release ships in its own form carries nothing: status's row must say `superseded`
+    # (the record's files as proven); its effect cases need the image's python (verify --image).
+    superseded = [p for p in series if p.superseded_for(site.release) is not None]
+    series = [p for p in series if p not in superseded]
     variants = [(p, p.variant_for(site.release)) for p in series]
     files = reviewed_files(variants)   # each file's pre-image before the series, post-image after it
     final = {path: post for path, (_, post) in files.items()}
@@ -170,12 +174,31 @@ def _verify(request: RegistryVerifyRequest, run: RunLog, reader: LayerReader, re
         states = dict(row.patch_sets)
         problems += [f"patch set {i} is {states.get(i, 'unknown')} here, not applied" for i in ids
                      if states.get(i) != "applied"]
+        for p in superseded:
+            record = p.superseded_for(site.release)
+            assert record is not None
+            if states.get(str(p.id)) != "superseded":
+                problems.append(f"patch set {p.id} is {states.get(str(p.id), 'unknown')} here, not superseded: "
+                                f"the files record {record.name} was proven on differ")
+            else:
+                run.notes.append(f"{p.id} is superseded in {site.distribution} {site.release}: {record.upstream} "
+                                 f"({record.where[0]}); its files are the ones record {record.name} was proven on; "
+                                 "`verify --image` runs its effect cases")
         problems += [f"patch set {other} is applied too, and is not in the series" for other, state in row.patch_sets
                      if state == "applied" and other not in ids and not _explained(other, final, patchsets, site.release)]
         problems += _row_problems(row)
     note = not_recompiled(site.python)
     if note:
         run.notes.append(note)
+
+    if not series:   # every set is superseded: the image is the release itself, with nothing of ours
+        run.skipped("labels", "superseded: nothing of the series is carried")
+        run.skipped("layer", "superseded: nothing of the series is carried")
+        run.skipped("probe", "--via registry runs nothing of the image; `verify --image` runs the effect cases")
+        if problems:
+            raise VerifyMismatch(f"{where} does not carry exactly the release: " + "; ".join(problems[:3]),
+                                 hint="rebuild the image from the release")
+        return run.report("verified")
 
     with run.step("labels"):
         problems += _label_problems(labels, series, variants, final)
