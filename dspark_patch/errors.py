@@ -230,6 +230,13 @@ class EngineUnreachable(EnvironmentProblem):
     kind = "engine-unreachable"
 
 
+class WheelFetchFailed(EnvironmentProblem):
+    """pip could not download the release's wheel (no such release, no wheel for the platform,
+    the index unreachable, a hash that is not the index's)."""
+
+    kind = "wheel-fetch-failed"
+
+
 class AmbiguousDistribution(CheckFailed):
     """Two dist-info folders of the distribution in one site folder: which is installed is not decidable."""
 
