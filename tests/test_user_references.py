@@ -181,3 +181,13 @@ def test_reference_add_of_a_shipped_wheel_writes_nothing(tmp_path: Path) -> None
     assert added.returncode == 0, added.stderr
     assert added.json["outcome"] == "shipped" and not refs.exists()
 
+
+def test_new_fetches_the_wheel_of_the_trees_release(tmp_path: Path) -> None:
+    """`new` without --wheel: pip fetches the tree's release, for the tree's platform."""
+    tree = vllm.tree_copy("0.33.0", tmp_path / "site-packages")
+    gone = "vllm/collect_env.py"
+    (tree / gone).unlink()
+    env = _env(tmp_path / "refs", PIP_NO_INDEX="1", PIP_FIND_LINKS=str(vllm.wheel("0.33.0").parent))
+    res = run("new", "team-drop", "--root", str(tree), "--out", str(tmp_path / "out"), "--json", env=env)
+    assert res.returncode == 0, res.stderr
+    assert res.json["files"] == [{"path": gone, "action": "delete"}]
