@@ -175,6 +175,7 @@ def test_a_shipped_reference_wins_over_a_user_file_of_its_name(tmp_path: Path, m
         (n, "shipped") for n in references.shipped("vllm", "0.34.0")]
 
 
+@pytest.mark.slow
 def test_reference_add_of_a_shipped_wheel_writes_nothing(tmp_path: Path) -> None:
     refs = tmp_path / "refs"
     added = run("reference", "add", str(vllm.wheel("0.34.0")), "--json", env=_env(refs))
@@ -191,3 +192,16 @@ def test_new_fetches_the_wheel_of_the_trees_release(tmp_path: Path) -> None:
     res = run("new", "team-drop", "--root", str(tree), "--out", str(tmp_path / "out"), "--json", env=env)
     assert res.returncode == 0, res.stderr
     assert res.json["files"] == [{"path": gone, "action": "delete"}]
+
+
+@pytest.mark.slow
+def test_reference_add_passes_the_platform_to_pip(tmp_path: Path) -> None:
+    """--platform fetches another platform's wheel: 0.34.0's aarch64 one, whose reference is shipped."""
+    arm = vllm.platform_wheel("0.34.0", "manylinux_2_28_aarch64")
+    refs = tmp_path / "refs"
+    env = _env(refs, PIP_NO_INDEX="1", PIP_FIND_LINKS=str(arm.parent))
+    added = run("reference", "add", "vllm==0.34.0", "--platform", "manylinux_2_28_aarch64", "--json", env=env)
+    assert added.returncode == 0, added.stderr
+    assert added.json["outcome"] == "shipped" and added.json["wheel"] == arm.name and not refs.exists()
+    line = run("reference", "add", str(arm), "--platform", "manylinux_2_28_aarch64", env=env).assert_clean_error(2)
+    assert "--platform picks the wheel pip downloads" in line
