@@ -219,6 +219,14 @@ class UnreviewedVariant(BadInput):
     kind = "unreviewed-variant"
 
 
+class BadReference(BadInput):
+    """A reference file (the user's, references/user.py) that is not one the tool can trust:
+    not a regular file, too large, not the builder's gzip JSON, or spelling another wheel than
+    its name. It is never skipped: what it would have checked is unchecked until it is fixed."""
+
+    kind = "bad-reference"
+
+
 # --- exit 3: environment problem --------------------------------------------------------
 class EnvironmentProblem(DsparkPatchError):
     exit_code = 3
@@ -227,6 +235,13 @@ class EnvironmentProblem(DsparkPatchError):
 
 class EngineUnreachable(EnvironmentProblem):
     kind = "engine-unreachable"
+
+
+class WheelFetchFailed(EnvironmentProblem):
+    """pip could not download the release's wheel (no such release, no wheel for the platform,
+    the index unreachable, a hash that is not the index's)."""
+
+    kind = "wheel-fetch-failed"
 
 
 class AmbiguousDistribution(CheckFailed):

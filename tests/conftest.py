@@ -10,6 +10,10 @@ import pytest
 from dspark_patch import termination
 from tests.support import probe_trees, schedule, tiers, vllm
 
+# The user's own references (references/user.py: `reference add` writes them, every lookup reads
+# them) are not the suite's: each run reads a folder that is not there, unless a test names its own.
+os.environ["DSPARK_PATCH_REFERENCES"] = str(Path("/nonexistent") / "dspark-patch-test-references")
+
 
 @pytest.fixture(autouse=True)
 def _no_stop_carried_over(monkeypatch: pytest.MonkeyPatch) -> None:

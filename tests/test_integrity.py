@@ -88,7 +88,7 @@ def shadowing_stdlib(tree: Path, marker: Path) -> None:
 
 # --- the reference --------------------------------------------------------------------------------
 @pytest.mark.slow
-@pytest.mark.parametrize("release", ["0.33.0", "0.32.0"])
+@pytest.mark.parametrize("release", ["0.34.0", "0.33.0", "0.32.0"])
 @pytest.mark.parametrize("platform", ["x86_64", "aarch64"])
 def test_the_shipped_reference_is_what_the_real_wheel_gives(release: str, platform: str) -> None:
     """Each release a variant of the shipped patch set supports has a reference per platform."""

@@ -193,8 +193,14 @@ def test_bad_input_is_exit_2_with_one_line(patch_set: Path, tmp_path: Path) -> N
     res = run("port", "--patch", str(patch_set), "--to", "0.32.0", "--wheel", str(vllm.wheel("0.33.0")),
               "--work", str(tmp_path / "w2"), "--python", PY)
     assert "holds vllm 0.33.0" in res.assert_clean_error(2)
-    res = run("port", "--patch", str(patch_set), "--to", "0.32.0", "--work", str(tmp_path / "w3"))
-    assert "give exactly one source" in res.assert_clean_error(2)
+    res = run("port", "--patch", str(patch_set), "--to", "0.32.0", "--wheel", str(tmp_path / "a.whl"),
+              "--root", str(tmp_path), "--work", str(tmp_path / "w3"))
+    assert "give at most one source" in res.assert_clean_error(2)
+    # No source: the release's wheel is fetched with pip (here from an empty folder: its one line, exit 3).
+    (tmp_path / "no-wheels").mkdir()
+    res = run("port", "--patch", str(patch_set), "--to", "0.32.0", "--work", str(tmp_path / "w5"),
+              env={"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(tmp_path / "no-wheels")})
+    assert "pip download vllm==0.32.0 failed" in res.assert_clean_error(3)
     res = run("port", "--patch", str(patch_set), "--to", "0.32.0", "--wheel", str(tmp_path / "nope.whl"),
               "--work", str(tmp_path / "w4"))
     assert "no such file" in res.assert_clean_error(2)

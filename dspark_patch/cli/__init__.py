@@ -20,6 +20,7 @@ from . import output
 from . import patches as patches_cmd
 from . import port as port_cmd
 from . import publish as publish_cmd
+from . import reference as reference_cmd
 from . import report as report_cmd
 from . import status as status_cmd
 from . import verify as verify_cmd
@@ -52,7 +53,7 @@ def _options(
     """Options that come before the command."""
 
 
-for module in (apply_cmd, verify_cmd, status_cmd, publish_cmd, patches_cmd, port_cmd, report_cmd, evaluate_cmd):
+for module in (apply_cmd, verify_cmd, status_cmd, publish_cmd, patches_cmd, port_cmd, report_cmd, reference_cmd, evaluate_cmd):
     module.register(app)
 
 

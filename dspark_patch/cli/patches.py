@@ -48,7 +48,7 @@ def show(patch_id: Annotated[str, typer.Argument(metavar="ID", help="A patch-set
 
 def new(
     patch_id: Annotated[str, typer.Argument(metavar="ID", help="The new patch set's id (and folder name).")],
-    wheel: Annotated[Path, typer.Option("--wheel", help="The published wheel of the tree's release (pip download --no-deps vllm==RELEASE), diffed against.")],
+    wheel: Annotated[Path | None, typer.Option("--wheel", help="The published wheel of the tree's release, diffed against (default: pip download --no-deps vllm==RELEASE of the tree's release and platform, into a temporary folder).")] = None,
     root: Annotated[Path | None, typer.Option("--root", help="The edited site-packages folder that holds vllm.")] = None,
     image: Annotated[str | None, typer.Option("--image", help="Or: an image someone edited in a container and committed (read without running it).")] = None,
     out: Annotated[Path | None, typer.Option("--out", help="Where to write ID/ (default: the first folder of DSPARK_PATCH_PATH, else the current folder).")] = None,
@@ -57,7 +57,7 @@ def new(
     """Make a patch set from an edited installed tree (--root) or image (--image): its diff against the published wheel, known patch sets already applied there recorded as `requires`, review = "unreviewed"."""
     from ..pipeline.new_set import NewRequest, make
 
-    made = make(NewRequest(id=patch_id, wheel=str(wheel), root=None if root is None else str(root), image=image,
+    made = make(NewRequest(id=patch_id, wheel=None if wheel is None else str(wheel), root=None if root is None else str(root), image=image,
                            out=None if out is None else str(out)))
     if as_json:
         output.print_json(json.dumps({"folder": str(made.folder), "release": made.release, "requires": list(made.requires),

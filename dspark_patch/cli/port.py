@@ -22,7 +22,7 @@ def port(
     to: Annotated[str, typer.Option("--to", help="The release to make a variant for, e.g. 0.32.0.")],
     patch: common.PatchesOpt = None,
     series: common.SeriesOpt = None,
-    wheel: Annotated[Path | None, typer.Option("--wheel", help="The release's wheel file (pip download --no-deps vllm==RELEASE).")] = None,
+    wheel: Annotated[Path | None, typer.Option("--wheel", help="The release's wheel file (default, with no --root or --image: pip download --no-deps vllm==RELEASE into a temporary folder).")] = None,
     root: common.RootOpt = None,
     image: common.ImageOpt = None,
     source_variant: Annotated[str | None, typer.Option("--from", help="The variant to carry (default: the patch set's own, not ported, variant).")] = None,

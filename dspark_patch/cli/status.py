@@ -97,7 +97,7 @@ def _progress(enabled: bool):
 
             word = verdict(row)
             if terminal:
-                colour = {"clean": "green", "changed": "red", "not read": "yellow"}[word]
+                colour = {"clean": "green", "changed": "red", "not covered": "yellow", "not read": "yellow"}[word]
                 output.show_err(f"[{colour}]{word:>8}[/] {ref}")
             else:
                 output.line(f"status: {ref}: {word}", err=True, flush=True)
@@ -118,7 +118,8 @@ def _table(fleet: FleetStatus) -> None:
             continue
         states = dict(image.patch_sets)
         table.add_row(
-            image.ref, image.release or "", image.python or "",
+            image.ref, (image.release or "") + (" [yellow](no reference)[/]" if image.reference is None else ""),
+            image.python or "",
             *(f"[{_STATE_STYLE[states[i]]}]{states[i]}[/]" if i in states else "" for i in ids),
             *(f"[red]{len(x)}[/]" if x else "0" for x in (image.unexplained, image.missing, image.added)),
             *([", ".join(f"{pid}: {s}" for pid, s in image.attested) or "–"] if keyed else []),

@@ -27,6 +27,7 @@ from ..patching.plan import plan_one_way
 from ..patching.series_plan import plan_series
 from ..patchset import DIFF_LIMIT, PatchSet, available, is_id, load_dir
 from ..porting.variant import CandidateFile, make_diff
+from ..references.fetch import fetched_wheel
 from ..series import state_of
 from ..targets.views.from_folder import read_site
 from ..targets.views.site_files import SiteFiles
@@ -37,7 +38,7 @@ DISTRIBUTION = "vllm"
 @dataclass(frozen=True, kw_only=True)
 class NewRequest:
     id: str
-    wheel: str
+    wheel: str | None = None     # the published wheel's file; None: fetched (references/fetch.py)
     root: str | None = None      # an edited site-packages folder, or
     image: str | None = None     # an image someone edited in a container and committed
     out: str | None = None       # default: the first folder of DSPARK_PATCH_PATH, else "."
@@ -81,7 +82,14 @@ def _make(request: NewRequest, out: Path, site: SiteFiles, contents: Callable[[l
     if ref is None:
         raise BadInput(references.no_reference(site.distribution, site.release, wheel_sha),
                        hint="new diffs a tree against the published wheel of its release")
-    wheel = _Wheel(Path(request.wheel), ref)
+    if request.wheel is None:  # the published wheel of the tree's release and platform, fetched
+        with fetched_wheel(ref.distribution, ref.release, platform=ref.wheel.removesuffix(".whl").split("-")[-1]) as path:
+            return _from_wheel(request, out, site, contents, ref, _Wheel(path, ref))
+    return _from_wheel(request, out, site, contents, ref, _Wheel(Path(request.wheel), ref))
+
+
+def _from_wheel(request: NewRequest, out: Path, site: SiteFiles, contents: Callable[[list[str]], Mapping[str, bytes]],
+                ref: references.Reference, wheel: _Wheel) -> NewSet:
     owned = {p.split("/", 1)[0] for p in ref.files if "/" in p and not p.split("/", 1)[0].endswith((".dist-info", ".data"))}
     known = [p for p in available() if not p.is_bare]
     # Every file that is not the wheel's, and every file a known set changes: read once.

@@ -39,6 +39,7 @@ from ..porting.source import tree_from_root, tree_from_wheel
 from ..porting.variant import BACKUP, CandidateFile, forget_backup, make_diff, sha256, toml_table, undo_variant, write_variant
 from ..porting.workdir import WorkDir, WorkFile, WorkState
 from ..probe.run import run_probe, unguarded_readers
+from ..references.fetch import fetched_wheel
 from ..report.model import CensusEntry, ErrorReport, ProbeReport
 from ..report.port_model import PortFileReport, PortFileStatus, PortReport
 from ..series import load
@@ -100,6 +101,7 @@ class _Flow:
         self.earlier = earlier
         self.work = WorkDir(Path(request.work or "dspark-patch-port"))
         self.pristine_probe: ProbeReport | None = None   # the probe on the pristine release
+        self.fetched: Path | None = None   # the release's wheel, when port fetched it
 
     def update(self, **fields: object) -> None:
         self.report = replace(self.report, **fields)  # type: ignore[arg-type]
@@ -159,15 +161,20 @@ class _Flow:
 
     def _what(self) -> str:
         r = self.request
+        if self.fetched is not None:
+            return f"wheel {self.fetched.name} (fetched)"
         return f"wheel {r.wheel}" if r.wheel else f"tree {r.root}" if r.root else f"image {r.image}"
 
     def _open(self, stack: ExitStack, patchset: PatchSet) -> Target:
         from ..targets.local_tree import LocalTree
 
         r = self.request
-        if sum(x is not None for x in (r.wheel, r.root, r.image)) != 1:
-            raise BadInput("give exactly one source of the target release's files: --wheel FILE, --root DIR or --image REF",
-                           hint="see dspark-patch port --help")
+        if sum(x is not None for x in (r.wheel, r.root, r.image)) > 1:
+            raise BadInput("give at most one source of the target release's files: --wheel FILE, --root DIR or --image REF",
+                           hint="with none, the release's wheel is fetched (pip download --no-deps)")
+        if r.wheel is None and r.root is None and r.image is None:  # the release's wheel, fetched as pip would
+            self.fetched = stack.enter_context(fetched_wheel(patchset.distribution, r.release))
+            return LocalTree(tree_from_wheel(self.fetched, self.work.tree), python=r.python)
         if r.wheel is not None:
             return LocalTree(tree_from_wheel(Path(r.wheel), self.work.tree), python=r.python)
         if r.root is not None:

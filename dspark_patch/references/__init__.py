@@ -6,9 +6,15 @@ platform has a *reference*, made from the real wheel (`build.py`, `scripts/make-
 the wheel's RECORD cross-checked against the bytes in the zip) and shipped in this package as
 `<dist>-<release>-<wheel tags>.json.gz`: path -> [sha256, size] for every file the wheel installs.
 
+A release the package ships none for gets one from its real wheel with `dspark-patch reference
+add` (the same builder), kept in the user's folder (user.py); every lookup here reads both, each
+file checked whole on load (document.py: a bad one is a BadReference error, never skipped), and a
+shipped reference wins over a user file of the same name.
+
 Which reference: the one of the release whose `<dist-info>/WHEEL` file is byte for byte the
 installed one (the WHEEL file names the platform, `Tag: cp38-abi3-linux_x86_64`). An installed
-WHEEL that is in no reference, or a release with none, is "no reference": never clean.
+WHEEL that is in no reference, or a release with none, is "no reference": never clean, and the
+line says the command that adds it (`fix_command`).
 
 `compare` is pure and serves both `status` (files read from layers or a folder) and `verify`
 (facts gathered in the target by inside/integrity.py). Its rules:
@@ -38,15 +44,17 @@ WHEEL that is in no reference, or a release with none, is "no reference": never 
 
 from __future__ import annotations
 
-import gzip
-import json
+import hashlib
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
+from typing import Literal
 
 from ..distname import filename_name
+from ..errors import BadReference
+from . import document, user
 from . import installer as installer_rules
 
 INSTALLER_FILES = installer_rules.METADATA_FILES | {"RECORD"}
@@ -118,24 +126,76 @@ class Reference:
 
 
 
+@dataclass(frozen=True, kw_only=True)
+class Entry:
+    """One reference file: shipped in this package, or the user's (references/user.py)."""
+
+    name: str                                # <dist>-<release>-<wheel tags>.json.gz
+    origin: Literal["shipped", "user"]
+    where: str                               # the file, as a person finds it
+
+    def load(self) -> Reference:
+        return _load(self.name) if self.origin == "shipped" else _load_user(self.name)
+
+
 @cache
 def _load(name: str) -> Reference:
-    doc = json.loads(gzip.decompress(resources.files(__package__).joinpath(name).read_bytes()))
-    return Reference(distribution=doc["distribution"], release=doc["release"], wheel=doc["wheel"],
-                     files={p: (h, int(n)) for p, (h, n) in doc["files"].items()},
-                     scripts={str(k): str(v) for k, v in doc.get("scripts", {}).items()})
+    return _reference(resources.files(__package__).joinpath(name).read_bytes(), name, f"shipped reference {name}")
+
+
+def _load_user(name: str) -> Reference:
+    data = user.read(name)
+    return _decoded(data, name, hashlib.sha256(data).hexdigest(), str(user.folder() / name))
+
+
+@cache
+def _decoded(data: bytes, name: str, sha256: str, where: str) -> Reference:  # sha256: the cache's key
+    return _reference(data, name, f"reference {where}")
+
+
+def _reference(data: bytes, name: str, what: str) -> Reference:
+    try:
+        doc = document.decode(data, name)
+    except document.Invalid as exc:
+        raise BadReference(f"{what}: not a reference the tool can trust ({exc}); it is not used",
+                           hint=user.fix_hint(name)) from None
+    return Reference(distribution=doc.distribution, release=doc.release, wheel=doc.wheel, files=doc.files,
+                     scripts=doc.scripts)
+
+
+def _shipped_names() -> list[str]:
+    return sorted(e.name for e in resources.files(__package__).iterdir() if document.split_name(e.name) is not None)
 
 
 def shipped(distribution: str, release: str) -> list[str]:
     prefix = f"{filename_name(distribution)}-{release}-"
-    return sorted(e.name for e in resources.files(__package__).iterdir()
-                  if e.name.startswith(prefix) and e.name.endswith(".json.gz"))
+    return [n for n in _shipped_names() if n.startswith(prefix)]
+
+
+def entries(distribution: str | None = None, release: str | None = None) -> list[Entry]:
+    """Every reference of the distribution (and release), shipped ones first. A user file with a
+    shipped one's name is not among them: the shipped one wins (`shadowed` says whether they differ)."""
+    prefix = "" if distribution is None else f"{filename_name(distribution)}-" + ("" if release is None else f"{release}-")
+    ours = [n for n in _shipped_names() if n.startswith(prefix)]
+    found = [Entry(name=n, origin="shipped", where=str(resources.files(__package__).joinpath(n))) for n in ours]
+    found += [Entry(name=n, origin="user", where=str(user.folder() / n))
+              for n in user.names() if n.startswith(prefix) and n not in ours]
+    return found
+
+
+def shadowed() -> list[tuple[Entry, bool]]:
+    """The user's files a shipped reference of the same name wins over, each with whether its
+    bytes differ from the shipped one's."""
+    ours = set(_shipped_names())
+    return [(Entry(name=n, origin="user", where=str(user.folder() / n)),
+             user.read(n) != resources.files(__package__).joinpath(n).read_bytes())
+            for n in user.names() if n in ours]
 
 
 def find(distribution: str, release: str, wheel_sha256: str | None) -> Reference | None:
     """The reference of this release whose WHEEL file is the installed one, or None."""
-    for name in shipped(distribution, release):
-        ref = _load(name)
+    for entry in entries(distribution, release):
+        ref = entry.load()
         if wheel_sha256 is not None and ref.files.get(f"{ref.dist_info}/WHEEL", ("",))[0] == wheel_sha256:
             return ref
     return None
@@ -143,16 +203,23 @@ def find(distribution: str, release: str, wheel_sha256: str | None) -> Reference
 
 def folders_of(distribution: str, release: str) -> frozenset[str]:
     """The top-level folders the references of this release install into."""
-    return frozenset(f for name in shipped(distribution, release) for f in _load(name).folders)
+    return frozenset(f for entry in entries(distribution, release) for f in entry.load().folders)
+
+
+def fix_command(distribution: str, release: str) -> str:
+    """The one command that gives a genuine release its reference."""
+    return f"dspark-patch reference add {filename_name(distribution)}=={release}"
 
 
 def no_reference(distribution: str, release: str, wheel_sha256: str | None) -> str:
-    known = [n.removesuffix(".json.gz").split("-", 2)[2] for n in shipped(distribution, release)]
+    known = [e.name.removesuffix(document.SUFFIX).split("-", 2)[2] for e in entries(distribution, release)]
     if not known:
-        return f"no reference for {distribution} {release}: its files cannot be checked against the published wheel"
+        return (f"no reference for {distribution} {release}: its files cannot be checked against the published wheel; "
+                f"if it is the published release, add its reference: {fix_command(distribution, release)}")
     why = "it has no WHEEL file" if wheel_sha256 is None else "its WHEEL file is none of the published wheels'"
     return (f"no reference for {distribution} {release} on this platform ({why}; known: {', '.join(known)}): "
-            "its files cannot be checked against the published wheel")
+            "its files cannot be checked against the published wheel; if it is a published wheel's install, add "
+            f"its reference: {fix_command(distribution, release)} --platform PLATFORM (its wheel's platform tag)")
 
 
 def wheel_hash(distribution: str, release: str, hashes: Mapping[str, str]) -> str | None:
@@ -177,12 +244,10 @@ def script_rows(record: Iterable[tuple[str, str | None]], scripts: Mapping[str, 
 
 
 def all_scripts(distribution: str) -> dict[str, str]:
-    """Every console script any shipped reference of the distribution declares."""
-    prefix = f"{filename_name(distribution)}-"
+    """Every console script any reference of the distribution declares."""
     found: dict[str, str] = {}
-    for entry in resources.files(__package__).iterdir():
-        if entry.name.startswith(prefix) and entry.name.endswith(".json.gz"):
-            found.update(_load(entry.name).scripts)
+    for entry in entries(distribution):
+        found.update(entry.load().scripts)
     return found
 
 
@@ -326,6 +391,4 @@ def _outside_row(ref: Reference, path: str, scripts: Mapping[str, ScriptBytes], 
 
 
 def _sha256(data: bytes) -> str:
-    import hashlib
-
     return hashlib.sha256(data).hexdigest()

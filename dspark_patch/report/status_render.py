@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import xml.etree.ElementTree as ET
+from dataclasses import replace
 from importlib import resources
 from typing import Any
 
@@ -51,8 +52,12 @@ def to_status_json(fleet: FleetStatus) -> str:
 
 
 def verdict(image: ImageStatus) -> str:
+    """One word per row: "not covered" is a release (or platform) with no reference and nothing
+    else found: its files were not checked, so it is not clean, and not known to be changed."""
     if image.error:
         return "not read"
+    if image.reference is None and not replace(image, reference="-").findings:
+        return "not covered"
     return "changed" if image.findings else "clean"
 
 
