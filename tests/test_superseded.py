@@ -79,7 +79,9 @@ def test_status_says_superseded_and_nothing_unexplained(tree: Path) -> None:
     assert res.returncode == 0, (res.stdout, res.stderr)
     (row,) = res.json["images"]
     assert row["patch_sets"]["dspark-skip-mtp-buffer"] == "superseded"
-    assert row["verdict"] == "clean", row
+    assert row["exit_code"] == 0 and row["reference"] is not None, row
+    assert row["unexplained"] == row["missing"] == row["added"] == []
+    assert not any("no reference" in u for u in row["unverified"]), row["unverified"]
 
 
 def test_apply_writes_nothing_and_verify_passes_with_the_note(tree: Path, tmp_path: Path) -> None:

@@ -126,10 +126,7 @@ def probe(request: ProbeRequest, *, source: Source, on_step: StepCallback | None
                            hint="choose a patch set whose patch.toml names a probe (dspark-patch show ID)")
         record = patchset.superseded_for(dist.version)
         if record is not None:   # the release ships the change: its effect cases are the probe
-            proven = supersede.prove(patchset, record, target, dist, run, probe=True, allow_unreviewed=True)
-            run.update(superseded=(proven,))
-            run.notes.append(supersede.note(proven, dist.name))
-            return run.report("probed")
+            return supersede.probed(patchset, record, target, dist, run)
         probe_step(target, dist, patchset.probe, run, patchset.probe_modules)
         return run.report("probed")
 

@@ -12,8 +12,7 @@ check cannot take the patch as it is (0.31.0), and is refused naming each reader
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -34,13 +33,15 @@ from ..patching.diff import Diff, parse_diff
 from ..patching.plan import FilePlan, PatchPlan, plan_patch
 from ..patchset import PatchSet, Variant, load_dir, resolve
 from ..porting import review as review_md
+from ..porting import superseded_candidate
+from ..porting.census import census_json, load_census, reader_line
 from ..porting.merge import FileMerge, leftover_markers, merge_file
 from ..porting.source import tree_from_root, tree_from_wheel
 from ..porting.variant import BACKUP, CandidateFile, forget_backup, make_diff, sha256, toml_table, undo_variant, write_variant
 from ..porting.workdir import WorkDir, WorkFile, WorkState
 from ..probe.run import run_probe, unguarded_readers
 from ..references.fetch import fetched_wheel
-from ..report.model import CensusEntry, ErrorReport, ProbeReport
+from ..report.model import ErrorReport, ProbeReport
 from ..report.port_model import PortFileReport, PortFileStatus, PortReport
 from ..series import load
 from ..targets.base import Distribution, Target
@@ -229,32 +230,17 @@ class _Flow:
         return state
 
     def _ships_change(self, patchset: PatchSet, target: Target) -> str | None:
-        """Hunks conflict: do the patch set's effect cases pass on the pristine release (the probe
-        `_refuse_unguarded` ran)? Then the release appears to ship the change: say where it decides
-        and what the probe sees differ, and write an unreviewed candidate `[[superseded]]` record
-        beside the work folder. None when there are no effect cases or one of them fails."""
-        probed = self.pristine_probe
-        if probed is None or not patchset.effect_cases:
+        """Hunks conflict: when the patch set's effect cases pass on the pristine release (the probe
+        `_refuse_unguarded` ran), write the candidate record and note beside the work folder and
+        say where the release decides (porting/superseded_candidate.py); else None."""
+        found = superseded_candidate.recognise(patchset.effect_cases, self.pristine_probe, patchset.distribution,
+                                               self.request.release, lambda path: sha256(_pristine(target, path)))
+        if found is None:
             return None
-        by_name = {c.name: c for c in probed.cases}
-        effects = [by_name.get(name) for name in patchset.effect_cases]
-        if not all(c is not None and c.ok for c in effects):
-            return None
-        release, dist_name = self.request.release, patchset.distribution
-        paths = sorted({w.split(":", 1)[0] for w in probed.where})
-        files = {path: sha256(_pristine(target, path)) for path in paths}
-        behaviour = tuple(f"{c.name}: {c.detail}" for c in effects if c is not None and "beyond" in c.detail)
-        own = [c.name for c in probed.cases if not c.ok and c.name not in patchset.effect_cases]
-        if own:   # the patch's own code is not in the release: one line, its groups named
-            groups = ", ".join(dict.fromkeys(n.split(":", 1)[0] for n in own))
-            behaviour += (f"{len(own)} cases of the patch's own code fail, as expected where it is not applied ({groups})",)
-        name = f"superseded-{dist_name}-{release}"
-        record = _candidate_record(f"{dist_name}-{release}", release, probed.where, files, f"{name}.md")
-        path = self.work.write_beside(f"{name}.toml", record)
-        self.work.write_beside(f"{name}.md", _candidate_review(patchset, release, effects, behaviour, probed.where))
-        self.update(ships_change=probed.where, behaviour=behaviour, superseded_candidate=str(path))
-        where = probed.where[0] if probed.where else "(the probe names no place)"
-        return f"its {len(effects)} effect cases pass on the pristine release, decided at {where}"
+        path = self.work.write_beside(f"{found.name}.toml", found.record)
+        self.work.write_beside(f"{found.name}.md", found.review(str(patchset.id)))
+        self.update(ships_change=found.where, behaviour=found.behaviour, superseded_candidate=str(path))
+        return found.summary
 
     def _resolved(self, state: WorkState, pristine: dict[str, bytes]) -> dict[str, bytes]:
         """The work folder's files after a person's edits: each one checked for leftovers."""
@@ -341,27 +327,6 @@ class _Flow:
 
 # --- helpers --------------------------------------------------------------------------------
 
-def reader_line(e: CensusEntry) -> str:
-    return f"{e.file}:{e.line} {e.function} ({e.symbol}, {e.kind})"
-
-
-def census_json(census: tuple[CensusEntry, ...]) -> str:
-    rows = [{"file": e.file, "line": e.line, "function": e.function, "symbol": e.symbol, "kind": e.kind,
-             "reached": e.reached, "none_safe": e.none_safe, "verdict": e.verdict} for e in census]
-    return json.dumps({"schema": "dspark-patch/census/v1", "census": rows}, indent=1) + "\n"
-
-
-def load_census(path: Path) -> tuple[CensusEntry, ...] | None:
-    """A census recorded beside a variant when it was made (None: none was recorded)."""
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-        return tuple(CensusEntry(**row) for row in doc["census"])
-    except FileNotFoundError:
-        return None
-    except (ValueError, KeyError, TypeError) as exc:
-        raise InvalidPatchSet(f"{path}: not a recorded census ({exc})", hint="remove it, or record it again") from None
-
-
 def _source_variant(patchset: PatchSet, name: str | None) -> Variant:
     if name is None:
         # The variant written by hand (not itself ported) is the one every port starts from.
@@ -428,33 +393,3 @@ def _compile(target: Target, dist: Distribution, paths: list[str]) -> None:
             hint="fix the file in the work folder and run port again; nothing was written into the patch set",
         )
 
-
-def _candidate_record(name: str, release: str, where: tuple[str, ...], files: Mapping[str, str | None],
-                      review_file: str) -> str:
-    """An unreviewed `[[superseded]]` table for patch.toml (TOML basic strings are JSON's)."""
-    q = json.dumps
-    lines = ["# Written by `dspark-patch port`: the effect cases pass on the pristine release. A person",
-             "# reads the review note, writes `upstream` in their own words, copies the note beside",
-             "# patch.toml, sets review = \"reviewed\" and adds this table to patch.toml.",
-             "[[superseded]]", f"name = {q(name)}", f"releases = [{q(release)}]",
-             f"upstream = {q('TO WRITE: what ' + release + ' does instead, in one line')}",
-             "where = [" + ", ".join(q(w) for w in where) + "]",
-             'review = "unreviewed"', f"review_file = {q(review_file)}", "", "[superseded.files]"]
-    lines += [f"{q(path)} = {q(digest)}" for path, digest in files.items() if digest is not None]
-    return "\n".join(lines) + "\n"
-
-
-def _candidate_review(patchset: PatchSet, release: str, effects: list, behaviour: tuple[str, ...],
-                      where: tuple[str, ...]) -> str:
-    out = [f"# Review: {patchset.id} appears superseded by {patchset.distribution} {release}", "",
-           f"`dspark-patch port` could not merge the patch onto {release}, and the patch set's effect cases",
-           "pass on the pristine release. The candidate record beside this note is **unreviewed**.", "",
-           "## Where the release decides", "", *[f"- `{w}`" for w in where], "",
-           "## The effect cases on the pristine release", "", "| case | result | detail |", "|---|---|---|",
-           *[f"| {c.name} | {'ok' if c.ok else 'FAILED'} | {c.detail.replace('|', '/')} |" for c in effects if c is not None],
-           "", "## What the probe sees differ from the patch", "",
-           *([f"- {b}" for b in behaviour] or ["- nothing"]), "",
-           "## For the reviewer", "",
-           "State upstream's scope against the patch's reviewed scope (see vllm-0.34.0.superseded.md for the",
-           "shipped example): where the release skips more or less than the patch did, and why that is safe.", ""]
-    return "\n".join(out)

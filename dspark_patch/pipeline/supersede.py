@@ -11,7 +11,7 @@ from ..errors import SupersededUnproven, UnreviewedVariant
 from ..patchset import PatchSet
 from ..probe.prestart import EarlyProbe
 from ..probe.run import run_probe
-from ..report.model import SupersededReport
+from ..report.model import AuditReport, SupersededReport
 from ..supersession import Superseded, first_difference
 from ..targets.base import Distribution, Target
 from .runlog import RunLog
@@ -46,6 +46,15 @@ def prove(patchset: PatchSet, record: Superseded, target: Target, dist: Distribu
                                  hint="the release was changed: reinstall it from its wheel")
     return SupersededReport(id=patchset.id or "", record=record.name, release=dist.version, upstream=record.upstream,
                             where=record.where, review=record.review, effect_cases=record.effect_cases)
+
+
+def probed(patchset: PatchSet, record: Superseded, target: Target, dist: Distribution, run: RunLog) -> AuditReport:
+    """`probe` on a release a record names: its effect cases are the probe (a record made by port
+    and not yet reviewed runs too: probing is how a person reviews it)."""
+    proven = prove(patchset, record, target, dist, run, probe=True, allow_unreviewed=True)
+    run.update(superseded=(proven,))
+    run.notes.append(note(proven, dist.name))
+    return run.report("probed")
 
 
 def note(report: SupersededReport, distribution: str) -> str:
