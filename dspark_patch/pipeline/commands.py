@@ -25,6 +25,7 @@ from .image_steps import (
     LABEL_PREFIX,
     LayerCheck,
     check_labels,
+    note_unread_env,
     refuse_runs_first,
     refuse_started,
     refuse_unimported,
@@ -319,7 +320,9 @@ def _verify(request: VerifyRequest, target: Target, run: RunLog) -> AuditReport:
     early = EarlyStart(target, wanted=request.probe)  # it overlaps the integrity walk
     patches = request.patches or (labelled(target, run) if request.series is None else ())
     try:
-        prepared = prepare(run, target, patches, request.strip, series_file=request.series, after_load=early)
+        prepared = prepare(run, target, patches, request.strip, series_file=request.series, after_load=early,
+                           after_locate=(lambda dist: note_unread_env(target, dist, run))
+                           if isinstance(target, ImageCapable) else None)
     except AllUpstream as upstream:
         early.cancel()
         return verify_upstream(target, run, upstream.dist)
