@@ -40,8 +40,8 @@ def prepare(run: RunLog, target: Target, patches: tuple[str, ...], strip: int | 
             allow_unreviewed: bool = False, after_locate: Callable[[Distribution], None] | None = None) -> Prepared:
     """Load the patch set (or the series) and derive its check policy, find the installed
     distribution, pick the variant and parse its diff (`after_load` runs between the first two:
-    the probe may start early there; `after_locate` once the distribution is found). A series of several is folded into the one change it
-    makes (series_steps.py); its members are in `folded`."""
+    the probe may start early there; `after_locate` once the distribution is found). A series of
+    several is folded into the one change it makes (series_steps.py); its members are in `folded`."""
     with run.step("load patch"):
         series = series_mod.load(patches, series_file=series_file, strip=strip)
     lead = next((p for p in series if p.probe is not None), series.sets[0])
