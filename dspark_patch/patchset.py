@@ -24,7 +24,7 @@ DEFAULT_PATCH_SET = "dspark-skip-mtp-buffer"
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _ID = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
-_TOP_KEYS = {"id", "title", "summary", "distribution", "strip", "probe", "probe_beside", "requires", "variants",
+_TOP_KEYS = {"id", "title", "summary", "distribution", "strip", "probe", "probe_beside", "requires", "env", "variants",
              "superseded", "effect_cases"}
 _BESIDE = re.compile(r"^--[a-z][a-z0-9-]*$")
 _REQUIRED_TOP = {"id", "title", "summary", "distribution", "variants"}
@@ -41,6 +41,11 @@ _FILE_KEYS = {"pre_sha256", "post_sha256"}
 TOML_LIMIT = 1 << 20
 DIFF_LIMIT = 8 << 20
 PROBE_LIMIT = 1 << 20
+# Where vLLM reads its environment variables, by name, as string literals: a variable a patch set
+# introduces (`env`) is added there, on an added line of each variant's diff (unread_env.py).
+ENVS_FILE = "vllm/envs.py"
+_ENV_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
+_VLLM_LITERAL = re.compile(rb"""(['"])(VLLM_[A-Z0-9_]+)\1""")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,6 +90,9 @@ class PatchSet:
     superseded: tuple[supersession.Superseded, ...] = ()
     # The probe's cases that test the change's effect (supersession.effect_cases).
     effect_cases: tuple[str, ...] = ()
+    # The environment variables it introduces (`env = [...]`): each on an added line of every
+    # variant's diff of vllm/envs.py, and every VLLM_* literal added there named (checked on load).
+    env: tuple[str, ...] = ()
 
     @property
     def is_bare(self) -> bool:
@@ -276,6 +284,8 @@ def load_dir(folder: Path) -> PatchSet:
             if release in seen:
                 raise InvalidPatchSet(f"{where}: release {release} is in both {seen[release]} and {variant.name}")
             seen[release] = variant.name
+    # A set without the key claims nothing (a team's older set stays valid); with it, all is checked.
+    env = _env(doc["env"], variants, strip, where=where) if "env" in doc else ()
     effects = supersession.effect_cases(doc.get("effect_cases"), where=where)
     if effects and probe is None:
         raise InvalidPatchSet(f"{where}: effect_cases names cases of a probe, and the patch set has none")
@@ -285,7 +295,7 @@ def load_dir(folder: Path) -> PatchSet:
         id=pid, title=_str(doc, "title", where), summary=_str(doc, "summary", where),
         distribution=_str(doc, "distribution", where), strip=strip, probe=probe, probe_modules=probe_modules,
         probe_beside=beside, source=folder, variants=variants, requires=requires, superseded=superseded,
-        effect_cases=effects,
+        effect_cases=effects, env=env,
     )
 
 
@@ -309,6 +319,40 @@ def _superseded(folder: Path, raw: object, seen: dict[str, str], *, where: str,
             seen[release] = record.name
         records.append(record)
     return tuple(records)
+
+
+
+def _env(raw: object, variants: tuple[Variant, ...], strip: int, *, where: str) -> tuple[str, ...]:
+    """`env = ["VLLM_...", ...]`: the variables the patch set introduces, as data the diffs prove:
+    each diff adds every name as a string literal in vllm/envs.py, and names no other there."""
+    if not isinstance(raw, list) or not all(isinstance(n, str) and _ENV_NAME.match(n) for n in raw) \
+            or len(set(raw)) != len(raw):
+        raise InvalidPatchSet(f"{where}: env must list environment variable names once each, got {raw!r}",
+                              hint='e.g. env = ["VLLM_MY_FLAG"]; leave it out if the patch set introduces none')
+    for variant in variants:
+        added = _added_literals(variant.diff, strip)
+        unlisted = sorted(added - set(raw))
+        if unlisted:
+            raise InvalidPatchSet(f"{where}: variant {variant.name} adds {', '.join(unlisted)} to {ENVS_FILE}, "
+                                  "which env does not name", hint="list every variable the patch set introduces in env")
+        absent = [n for n in raw if n not in added]
+        if absent:
+            raise InvalidPatchSet(f"{where}: env names {', '.join(absent)}, which variant {variant.name} does not add "
+                                  f"to {ENVS_FILE} as a string literal", hint="name only what the diffs introduce")
+    return tuple(raw)
+
+
+def _added_literals(diff: bytes, strip: int) -> set[str]:
+    """The VLLM_* string literals on the added lines of the diff's vllm/envs.py."""
+    found: set[str] = set()
+    path = None
+    for line in diff.splitlines():
+        if line.startswith(b"+++ "):
+            name = line[4:].split(b"\t", 1)[0].strip().decode("utf-8", "replace")
+            path = "/".join(name.split("/")[strip:])
+        elif line.startswith(b"+") and path == ENVS_FILE:
+            found.update(m.group(2).decode() for m in _VLLM_LITERAL.finditer(line))
+    return found
 
 
 def _requires(raw: object, pid: str, *, where: str) -> tuple[str, ...]:

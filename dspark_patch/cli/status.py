@@ -138,6 +138,8 @@ def _table(fleet: FleetStatus) -> None:
             output.show_wide(f"{image.ref}: {line}", markup=False)
         for detail in image.attested_detail:
             output.show_wide(f"{image.ref}: attestation: {detail}", markup=False)
+    for note in fleet.notes:
+        output.show_wide(f"note: {note}", markup=False)
 
 
 def _write(fleet: FleetStatus, report_dir: Path | None, junit: Path | None) -> None:

@@ -25,6 +25,7 @@ from .image_steps import (
     LABEL_PREFIX,
     LayerCheck,
     check_labels,
+    note_unread_env,
     refuse_runs_first,
     refuse_started,
     refuse_unimported,
@@ -124,8 +125,7 @@ def probe(request: ProbeRequest, *, source: Source, on_step: StepCallback | None
             which = f"patch set {patchset.id}" if patchset.id else f"the bare diff {patchset.source.name}"
             raise BadInput(f"{which} has no probe, so there is nothing to run",
                            hint="choose a patch set whose patch.toml names a probe (dspark-patch show ID)")
-        record = patchset.superseded_for(dist.version)
-        if record is not None:   # the release ships the change: its effect cases are the probe
+        if (record := patchset.superseded_for(dist.version)) is not None:   # its effect cases are the probe
             return supersede.probed(patchset, record, target, dist, run)
         probe_step(target, dist, patchset.probe, run, patchset.probe_modules)
         return run.report("probed")
@@ -134,10 +134,9 @@ def probe(request: ProbeRequest, *, source: Source, on_step: StepCallback | None
 
 
 def withdraw(report: AuditReport) -> str | None:
-    """Take back what an image `apply` named or made, for a run whose reports could not be written
-    afterwards (the exit code and the engine must agree: a failed run leaves no tag and no new
-    image). One line saying what was done, or None when there was nothing to take back. A pushed
-    tag stays in its registry: registries have no conditional delete, so that is said instead."""
+    """Take back what an image `apply` named or made when its reports could not be written (a failed
+    run leaves no tag and no new image): one line saying what was done, or None. A pushed tag stays
+    (registries have no conditional delete), and that is said."""
     image = report.result_image
     if report.command != "apply" or image is None or report.status not in ("applied", "already-applied"):
         return None
@@ -323,8 +322,9 @@ def _verify(request: VerifyRequest, target: Target, run: RunLog) -> AuditReport:
     early = EarlyStart(target, wanted=request.probe)  # it overlaps the integrity walk
     patches = request.patches or (labelled(target, run) if request.series is None else ())
     try:
+        unread = (lambda dist: note_unread_env(target, dist, run)) if isinstance(target, ImageCapable) else None
         prepared = prepare(run, target, patches, request.strip, series_file=request.series, after_load=early,
-                           probe=request.probe)
+                           probe=request.probe, after_locate=unread)
     except AllUpstream as upstream:
         early.cancel()
         return verify_upstream(target, run, upstream.dist)

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Protocol, runtime_checkable
 
-from .. import __version__
+from .. import __version__, unread_env
 from ..errors import LayerMismatch, UnimportedCopy, runs_first_message
 from ..imageref import ImageRef
 from ..patching.plan import FilePlan, PatchPlan
@@ -43,6 +43,13 @@ def unimported_copies(target: ImageCapable, dist: Distribution, run: RunLog) -> 
         return None
     return (f"{', '.join(f'{s}/{dist.name}' for s in others)}: a copy of {dist.name} that no interpreter of the image "
             f"imports (the one that runs is at {dist.location})")
+
+
+def note_unread_env(target: ImageCapable, dist: Distribution, run: RunLog) -> None:
+    """`verify`: a note per variable the image sets that a known patch set introduced and the
+    installed release does not read (unread_env.py); never a failure."""
+    run.notes.extend(unread_env.notes(unread_env.settings(target.source_config()), available(), target.read,
+                                      distribution=dist.name, release=dist.version))
 
 
 def runs_first(target: ImageCapable, dist: Distribution, run: RunLog) -> list[str]:

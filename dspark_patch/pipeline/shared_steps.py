@@ -37,12 +37,13 @@ from .runlog import RunLog, with_distribution
 
 def prepare(run: RunLog, target: Target, patches: tuple[str, ...], strip: int | None, *, series_file: str | None = None,
             after_load: Callable[[PatchSet], None] | None = None, allow_unknown_base: bool = False,
-            allow_unreviewed: bool = False, probe: bool = True) -> Prepared:
+            allow_unreviewed: bool = False, probe: bool = True,
+            after_locate: Callable[[Distribution], None] | None = None) -> Prepared:
     """Load the patch set (or the series) and derive its check policy, find the installed
     distribution, pick the variant and parse its diff (`after_load` runs between the first two:
-    the probe may start early there). A series of several is folded into the one change it
-    makes (series_steps.py); its members are in `folded`. `probe`: False for --no-probe (a
-    superseded set cannot then be proven)."""
+    the probe may start early there; `after_locate` once the distribution is found). A series of
+    several is folded into the one change it makes (series_steps.py); its members are in
+    `folded`. `probe`: False for --no-probe (a superseded set cannot then be proven)."""
     with run.step("load patch"):
         series = series_mod.load(patches, series_file=series_file, strip=strip)
     lead = next((p for p in series if p.probe is not None), series.sets[0])
@@ -56,6 +57,8 @@ def prepare(run: RunLog, target: Target, patches: tuple[str, ...], strip: int | 
     with run.step("locate"):
         dist = target.locate(lead.distribution)
     run.update(target=with_distribution(run.draft.target, dist))
+    if after_locate is not None:
+        after_locate(dist)
     early = after_load if isinstance(after_load, EarlyStart) else None
     series = _carried(series, target, dist, run, probe=probe, allow_unreviewed=allow_unreviewed, early=early)
     lead = next((p for p in series if p.probe is not None), series.sets[0])

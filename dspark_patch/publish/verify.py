@@ -22,6 +22,7 @@ import json
 from dataclasses import dataclass, replace
 from typing import Literal
 
+from .. import unread_env
 from ..errors import BadInput, DsparkPatchError, StackedLayer, TargetNotFound, VerifyMismatch
 from ..imageref import ImageRef
 from ..patchset import PatchSet, Variant, available, known, patched_paths
@@ -144,6 +145,8 @@ def _verify(request: RegistryVerifyRequest, run: RunLog, reader: LayerReader, re
                                                                  location=site.location),
                                    image=ImageRecord(ref=where, id=config.digest,
                                                      repo_digest=f"{ref.name}@{manifest.digest}")))
+    run.notes.extend(unread_env.notes(unread_env.settings(config.config), patchsets, site.retained.get,
+                                      distribution=site.distribution, release=site.release))
     labels = {str(k): str(v) for k, v in ((config.config.get("Labels") or {}).items())}
     series = _series(request, labels, run, patchsets)
     # A set the release ships in its own form carries nothing: status's row must say `superseded`

@@ -47,6 +47,9 @@ class ImageStatus:
     exit_code: int = 0                    # 0 clean, 1 findings or no vLLM, 2 bad reference, 3 engine
     installer_metadata: tuple[str, ...] = ()  # the installer's own files, accepted by their shape
     installer_findings: tuple[str, ...] = ()  # "path: why": named like the installer's files, and not (a finding)
+    # Never a finding: a variable the image sets that a known patch set introduced and the installed
+    # release does not read (unread_env.py); status.json shows them in the run's notes, after the ref.
+    notes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # Why a row was not read, as evidence may hold it (report/evidence.py).
@@ -98,7 +101,8 @@ class FleetStatus:
     patch_set_digests: tuple[tuple[str, str], ...] = ()
     shard: ShardInfo | None = None
     merged: MergeInfo | None = None
-    notes: tuple[str, ...] = ()   # what the run could not use (cache entries not sealed here): never a verdict
+    # What the run could not use (cache entries not sealed here), and each row's notes ("REF: ..."): never a verdict.
+    notes: tuple[str, ...] = ()
 
     @property
     def exit_code(self) -> int:

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import tarfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from .. import __version__
+from .. import __version__, unread_env
 from ..errors import BadInput, DsparkPatchError, EngineUnreachable, EnvironmentProblem, TargetNotFound, UnfinishedApply
 from ..imageref import ImageRef
 from ..patchset import PatchSet, available, known, patched_paths
@@ -78,8 +78,14 @@ def read_refs_file(path: Path) -> tuple[str, ...]:
     return tuple(refs)
 
 
-def row_from_site(ref: str, site: SiteFiles, patchsets: Sequence[PatchSet], **extra: str | None) -> ImageStatus:
-    return row_of(ref, site, assess(site, patchsets), **extra)
+def row_from_site(ref: str, site: SiteFiles, patchsets: Sequence[PatchSet], config: Mapping[str, Any] | None = None,
+                  **extra: str | None) -> ImageStatus:
+    """The row; with the image's `config`, also a note per variable it sets that nothing reads (unread_env.py)."""
+    row = row_of(ref, site, assess(site, patchsets), **extra)
+    if config is None:
+        return row
+    return replace(row, notes=tuple(unread_env.notes(unread_env.settings(config), patchsets, site.retained.get,
+                                                     distribution=site.distribution, release=site.release)))
 
 
 def row_of(ref: str, site: SiteFiles, found: Assessment, **extra: str | None) -> ImageStatus:
@@ -171,7 +177,9 @@ def status(request: StatusRequest, *, on_progress: ProgressCallback | None = Non
                        started_at=started.isoformat(timespec="seconds").replace("+00:00", "Z"),
                        seconds=round(time.monotonic() - clock, 3), shard=shard,
                        patch_set_digests=tuple((p.id, p.content_sha256) for p in patchsets if p.id),
-                       notes=tuple(n for n in seal.notes() if n not in noted))
+                       notes=tuple(dict.fromkeys([*(n for n in seal.notes() if n not in noted),
+                                                  *(f"{row.ref}: {n}" for rows in many.values() for row in rows
+                                                    for n in row.notes)])))
 
 
 def scan_cache(request: StatusRequest, patchsets: Sequence[PatchSet]) -> ScanCache:
@@ -266,7 +274,8 @@ def _read_engine(request: StatusRequest, patchsets: Sequence[PatchSet], progress
         try:
             with engine.open_reader(ref, platform=request.platform, image_id=image_id) as reader:
                 extra["platform"] = reader.image_platform
-                return row_from_site(ref, reader.read_site(DISTRIBUTION, retain=patched_paths(patchsets)), patchsets, **extra)
+                return row_from_site(ref, reader.read_site(DISTRIBUTION, retain=patched_paths(patchsets)), patchsets,
+                                     config=infos[image_id].config, **extra)
         except DsparkPatchError as exc:
             return _error_row(ref, exc, **extra)
         except (ValueError, LookupError, TypeError, UnicodeError, tarfile.TarError) as exc:
@@ -334,7 +343,8 @@ def _read_layers(engine: ImageStore, by_id: dict[str, list[str]], infos: dict[st
             row = _error_row(names[0], view, **extra)
         else:
             try:
-                row = row_from_site(names[0], find_site(view, DISTRIBUTION, info.config, names[0]), patchsets, **extra)
+                row = row_from_site(names[0], find_site(view, DISTRIBUTION, info.config, names[0]), patchsets,
+                                    config=info.config, **extra)
             except DsparkPatchError as exc:  # this image's row; the others stay
                 row = _error_row(names[0], exc, **extra)
             except (ValueError, LookupError, TypeError, UnicodeError) as exc:

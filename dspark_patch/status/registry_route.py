@@ -180,7 +180,7 @@ class RegistryReader:
             scans = self.layers.scans(registry, ref, manifest, config)
             view = merge_scans(scans, where=f"image {ref}")
             site = find_site(view, DISTRIBUTION, config.config, ref)
-            return self._row(ref, site, self._patchsets, **extra)
+            return self._row(ref, site, self._patchsets, config=config.config, **extra)
         except DsparkPatchError as exc:
             return self._error_row(ref, exc, **extra)
         except (ValueError, LookupError, TypeError, UnicodeError, tarfile.TarError) as exc:

@@ -178,6 +178,10 @@ class ImageCapable(Target, Protocol):
         """The source image's labels."""
         ...
 
+    def source_config(self) -> Mapping[str, Any]:
+        """The source image's config (Env, Entrypoint, Cmd, User, Labels, ...)."""
+        ...
+
     def check_layers(self, distribution: str, retain: Iterable[str], cache: ScanCache, *, save: bool = True,
                      stop: threading.Event | None = None) -> LayersRead:
         """Read the source image's layers with the strict layer reader and raise what it refuses;

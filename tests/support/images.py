@@ -88,6 +88,12 @@ def fixture_032_image() -> str:
     return built_images()["vllm-fixture-0.32.0"]
 
 
+def fixture_034_image() -> str:
+    """The serving image with the real vLLM 0.34.0 wheel and CPU torch (pip, USER vllm): the
+    release that has dspark-skip-mtp-buffer's change upstream, in its own form."""
+    return built_images()["vllm-fixture-0.34.0"]
+
+
 def official_image() -> str:
     """The official image's shape (images/vllm-official): the real vLLM 0.33.0 wheel and torch
     installed by uv (`uv pip install --system`), no bytecode, USER 2000 with GID 0, `vllm serve`."""
@@ -97,6 +103,11 @@ def official_image() -> str:
 def official_032_image() -> str:
     """The same recipe on the real vLLM 0.32.0 wheel."""
     return built_images()["vllm-official-0.32.0"]
+
+
+def official_034_image() -> str:
+    """The official image's shape (uv, no bytecode, USER 2000) on the real vLLM 0.34.0 wheel."""
+    return built_images()["vllm-official-0.34.0"]
 
 
 def official_upgraded_image() -> str:

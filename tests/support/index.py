@@ -61,6 +61,12 @@ def arm64_official_image() -> str:
     return _arm64_images()["vllm-official-arm64"]
 
 
+def arm64_official_034_image() -> str:
+    """The same on the real vLLM 0.34.0 aarch64 wheel: with official_034_image(), the two
+    platforms of the 0.34.0 official index (`publish_index(host, sources=(...))`)."""
+    return _arm64_images()["vllm-official-arm64-0.34.0"]
+
+
 @dataclass(frozen=True, kw_only=True)
 class PublishedIndex:
     ref: str  # registry/repo:tag of the index

@@ -329,6 +329,9 @@ class ImageTarget:
     def source_labels(self) -> Mapping[str, str]:
         return self.source.config.get("Labels") or {}
 
+    def source_config(self) -> Mapping[str, Any]:
+        return self.source.config
+
     def commit(self, *, labels: Mapping[str, str]) -> CommittedImage:
         """The layer `take_layer` took, on top of the source with the source's config and `labels`
         added, untagged. Nothing stays unless the result is verified (layers, config field by field)."""
