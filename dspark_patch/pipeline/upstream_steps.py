@@ -12,7 +12,7 @@ from .context import UNWRITTEN
 from .image_steps import refuse_runs_first, refuse_started, refuse_unimported, runs_first, unimported_copies
 from .integrity_check import check_base, check_integrity, integrity_problems
 from .policy import CheckPolicy
-from .requests import ApplyRequest
+from .requests import ApplyRequest, ImageSpec
 from .runlog import RunLog
 
 
@@ -26,6 +26,9 @@ def nothing_to_carry(request: ApplyRequest, target: Target, run: RunLog, dist: D
     check_base(run, target, dist, Diff(files=(), sha256=""), None,
                CheckPolicy(release_checks=True, allow_unknown_base=request.allow_unknown_base))
     why = _why(run)
+    if isinstance(request.target, ImageSpec) and request.target.tag:
+        run.notes.append(f"--tag {request.target.tag}: nothing was named, as nothing was carried; the source "
+                         f"{request.target.ref} is the result (docker tag it where a pipeline needs that name)")
     for name in UNWRITTEN:
         if not (name == "probe" and run.draft.probe.ran):   # a superseded set's effect cases ran
             run.skipped(name, why)
