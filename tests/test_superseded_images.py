@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import docker
@@ -87,3 +87,31 @@ def test_a_series_on_the_release_image_is_one_layer_of_the_team_set(client, tmp_
             client.images.remove(tag, force=True)
         except docker.errors.ImageNotFound:
             pass
+
+
+@pytest.fixture(scope="module")
+def release_in_registry(tmp_path_factory) -> Iterator[str]:
+    """The official-shape 0.34.0 image in a loopback registry (and only there under that name)."""
+    from tests.support.registry import loopback_registry, put_image
+
+    with loopback_registry(tmp_path_factory.mktemp("superseded-registry")) as address:
+        target = f"{address}/team/vllm:0.34.0"
+        put_image(official_034_image(), target)
+        yield target
+
+
+@pytest.mark.registry
+def test_status_and_verify_via_registry_say_superseded_with_no_engine(release_in_registry: str,
+                                                                      tmp_path: Path) -> None:
+    no_engine = {"DOCKER_HOST": "tcp://127.0.0.1:9", "DSPARK_PATCH_CACHE": str(tmp_path / "cache")}
+    res = run("status", "--image", release_in_registry, "--via", "registry", "--json", env=no_engine)
+    assert res.returncode == 0, (res.stdout, res.stderr)
+    (row,) = res.json["images"]
+    assert row["patch_sets"][DSPARK] == "superseded" and row["unexplained"] == []
+    res = run("verify", "--image", release_in_registry, "--via", "registry", "--json",
+              "--report-dir", str(tmp_path / "v"), env=no_engine)
+    assert res.returncode == 0, (res.stdout, res.stderr)
+    doc = res.json
+    assert doc["status"] == "verified"
+    assert any("superseded in vllm 0.34.0" in n and "verify --image" in n for n in doc["notes"])
+    assert {s["name"]: s["status"] for s in doc["steps"]}["probe"] == "skipped"
