@@ -115,3 +115,21 @@ def test_status_and_verify_via_registry_say_superseded_with_no_engine(release_in
     assert doc["status"] == "verified"
     assert any("superseded in vllm 0.34.0" in n and "verify --image" in n for n in doc["notes"])
     assert {s["name"]: s["status"] for s in doc["steps"]}["probe"] == "skipped"
+
+
+@pytest.mark.registry
+def test_every_platform_of_the_release_index_is_superseded(tmp_path: Path) -> None:
+    """The official-shape 0.34.0 as an amd64+arm64 index, read from its registry (nothing runs,
+    so the arm64 image needs no emulation): both rows `superseded`, exit 0."""
+    from tests.support.index import arm64_official_034_image, publish_index
+    from tests.support.registry import loopback_registry
+
+    with loopback_registry(tmp_path / "registry") as host:
+        index = publish_index(host, repository="vllm/vllm-openai", tag="0.34.0",
+                              sources=(official_034_image(), arm64_official_034_image()))
+        res = run("status", "--image", index.ref, "--via", "registry", "--platform", "all", "--json",
+                  env={"DOCKER_HOST": "tcp://127.0.0.1:9", "DSPARK_PATCH_CACHE": str(tmp_path / "cache")})
+    assert res.returncode == 0, (res.stdout, res.stderr)
+    rows = res.json["images"]
+    assert sorted(r["platform"].split("/")[1] for r in rows) == ["amd64", "arm64"]
+    assert all(r["patch_sets"][DSPARK] == "superseded" and r["unexplained"] == [] and r["reference"] for r in rows)
