@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import socket
-import time
 from pathlib import Path
 
 import pytest
@@ -69,9 +68,8 @@ def test_a_report_that_links_to_dev_zero_is_refused_at_once(zero_link: Path, tmp
     layer = tmp_path / "layer.tar"
     layer.write_bytes(b"\0" * 1024)
     for args in (("report", "render", str(zero_link), "--format", "md"), _publish(zero_link, layer)):
-        started = time.monotonic()
+        # promptly: a run still reading /dev/zero after a minute raises TimeoutExpired here
         _one_clean_line(run(*args, timeout=60), says="is a symbolic link")
-        assert time.monotonic() - started < 60   # bounded by the run's timeout, not by memory
 
 
 def test_a_shard_nested_deep_or_linked_is_one_line_for_merge(deep_report: Path, zero_link: Path) -> None:

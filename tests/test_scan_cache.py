@@ -296,7 +296,7 @@ print(sys.version_info[1], cache.stores, again is not None)
 
 @pytest.mark.engine
 def test_hosts_of_two_python_minors_sharing_one_cache_never_answer_each_other(tmp_path: Path) -> None:
-    """Issue 58: a scan keeps each source's `source_hash`, keyed by the scanning python's magic
+    """A scan keeps each source's `source_hash`, keyed by the scanning python's magic
     number. The trixie base's python 3.13 and this host's 3.11 share one cache folder and one
     key: each keeps its own entry and reads only its own."""
     from tests.support import images

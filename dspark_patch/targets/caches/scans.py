@@ -227,7 +227,7 @@ def scan_identity(*parts: str, sources: Mapping[str, bytes] | None = None,
     reader never reuses an old reader's scans) and this host's bytecode magic number: a scan keeps
     each source's `importlib.util.source_hash`, which is keyed by the magic number of the python
     that computed it (targets/views/facts.py), so a 3.12 host and a 3.11 host sharing one cache
-    folder must never answer each other (issue 58: a false "tampered" on an honest image)."""
+    folder must never answer each other (else an honest image reads as "tampered")."""
     digest = hashlib.sha256()
     digest.update(b"magic=" + magic + b"\0")
     for part in parts:
