@@ -102,3 +102,16 @@ def test_a_key_that_is_a_link_is_refused(tmp_path: Path) -> None:
     (tmp_path / "key.pem").symlink_to("/dev/zero")
     with pytest.raises(BadInput, match="is a symbolic link"):
         load_signer(tmp_path / "key.pem", allow_open=False)
+
+
+def test_a_census_in_a_patch_set_is_read_bounded(tmp_path: Path) -> None:
+    from dspark_patch.errors import InvalidPatchSet
+    from dspark_patch.pipeline.port import load_census
+
+    assert load_census(tmp_path / "absent.json") is None
+    (tmp_path / "linked.json").symlink_to("/dev/zero")
+    with pytest.raises(InvalidPatchSet, match="is a symbolic link"):
+        load_census(tmp_path / "linked.json")
+    (tmp_path / "deep.json").write_bytes(DEEP)
+    with pytest.raises(InvalidPatchSet, match="nested more than 64"):
+        load_census(tmp_path / "deep.json")

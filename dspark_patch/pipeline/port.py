@@ -347,10 +347,13 @@ def census_json(census: tuple[CensusEntry, ...]) -> str:
 def load_census(path: Path) -> tuple[CensusEntry, ...] | None:
     """A census recorded beside a variant when it was made (None: none was recorded)."""
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        # A patch set may come in a pull request: bounded, never through a link (ownfiles.read_json).
+        doc = ownfiles.read_json(path, limit=16 << 20, what="census")
         return tuple(CensusEntry(**row) for row in doc["census"])
-    except FileNotFoundError:
+    except ownfiles.MissingFile:
         return None
+    except BadInput as exc:
+        raise InvalidPatchSet(exc.message, hint="remove it, or record it again") from None
     except (ValueError, KeyError, TypeError) as exc:
         raise InvalidPatchSet(f"{path}: not a recorded census ({exc})", hint="remove it, or record it again") from None
 
