@@ -345,17 +345,16 @@ def census_json(census: tuple[CensusEntry, ...]) -> str:
 
 
 def load_census(path: Path) -> tuple[CensusEntry, ...] | None:
-    """A census recorded beside a variant when it was made (None: none was recorded)."""
+    """A census recorded beside a variant when it was made (None: none was recorded), read bounded
+    and never through a link (ownfiles.read_json): a patch set may come in a pull request."""
     try:
-        # A patch set may come in a pull request: bounded, never through a link (ownfiles.read_json).
         doc = ownfiles.read_json(path, limit=16 << 20, what="census")
         return tuple(CensusEntry(**row) for row in doc["census"])
     except ownfiles.MissingFile:
         return None
-    except BadInput as exc:
-        raise InvalidPatchSet(exc.message, hint="remove it, or record it again") from None
-    except (ValueError, KeyError, TypeError) as exc:
-        raise InvalidPatchSet(f"{path}: not a recorded census ({exc})", hint="remove it, or record it again") from None
+    except (BadInput, ValueError, KeyError, TypeError) as exc:
+        said = exc.message if isinstance(exc, BadInput) else f"{path}: not a recorded census ({exc})"
+        raise InvalidPatchSet(said, hint="remove it, or record it again") from None
 
 
 def _source_variant(patchset: PatchSet, name: str | None) -> Variant:
