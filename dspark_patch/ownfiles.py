@@ -16,17 +16,23 @@ committed symbolic link would turn a plain write or `rmtree` into one outside. S
   link inside it (`shutil.rmtree` with `dir_fd`).
 
 `read_regular` is the bounded read of an untrusted file: a regular file, not a link, at most
-`limit` bytes, read without blocking on a FIFO.
+`limit` bytes, read without blocking on a FIFO. `read_json` is the one reader of the JSON the tool
+is handed (audit.json, status.json, attestations): `read_regular`, then `loads_json`, which
+refuses nesting deeper than `JSON_DEPTH` before the decoder (which recurses) sees it, so a hostile
+document is one line and exit 2, never a RecursionError.
 """
 
 from __future__ import annotations
 
 import errno
 import itertools
+import json
 import os
+import re
 import shutil
 import stat
 from pathlib import Path
+from typing import Any
 
 from .errors import BadInput, EnvironmentProblem
 
@@ -229,36 +235,97 @@ def write_file(path: Path | str, data: bytes | str) -> Path:
 def read_regular(path: Path | str, *, limit: int, what: str = "file") -> bytes:
     """The bytes of an untrusted file: a regular file, never a link or a device, at most `limit`
     bytes (BadInput otherwise, naming `what`)."""
+    return read_regular_with_mode(path, limit=limit, what=what)[0]
+
+
+def read_regular_with_mode(path: Path | str, *, limit: int, what: str = "file") -> tuple[bytes, int]:
+    """`read_regular`, with the st_mode of the file it read (a key's owner-only check)."""
     path = Path(path)
+    label = f"{what} {path}".strip()
     parent = os.path.dirname(os.path.abspath(path))
     try:
         dfd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as exc:
-        raise BadInput(f"{what} {path}: cannot be read ({exc.strerror or exc})") from None
+        raise BadInput(f"{label}: cannot be read ({exc.strerror or exc})") from None
     try:
-        data = _read_fd_relative(dfd, path.name, limit=limit, shown=path, what=what)
+        found = _read_at(dfd, path.name, limit=limit, shown=path, what=what)
     finally:
         os.close(dfd)
-    if data is None:
-        raise BadInput(f"{what} {path}: no such file")
-    return data
+    if found is None:
+        raise MissingFile(f"{label}: no such file")
+    return found
+
+
+class MissingFile(BadInput):
+    """`read_regular` of a name that is not there (a caller may name it otherwise)."""
+
+
+JSON_DEPTH = 64   # arrays and objects inside each other; the tool's own documents need under 10
+# A JSON string (its escapes included), to be skipped when counting brackets; unrolled so that a
+# long string is one match, not one step per character.
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_BRACKETS = re.compile(rb"[\[\]{}]")
+
+
+def json_depth(data: bytes, *, stop: int = JSON_DEPTH) -> int:
+    """How deep arrays and objects nest in `data` (brackets inside strings not counted), counted
+    up to `stop + 1` and no further: a plain loop, so no input can exhaust the stack."""
+    depth = deepest = 0
+    for found in _BRACKETS.finditer(_JSON_STRING.sub(b'""', data)):
+        if found.group() in (b"[", b"{"):
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+                if deepest > stop:
+                    break
+        else:
+            depth -= 1
+    return deepest
+
+
+def loads_json(data: bytes, *, what: str, max_depth: int = JSON_DEPTH) -> Any:
+    """Untrusted JSON bytes as Python data; BadInput (one line, exit 2) for anything that is not
+    UTF-8 JSON nested at most `max_depth` deep."""
+    if json_depth(data, stop=max_depth) > max_depth:
+        raise BadInput(f"{what}: JSON nested more than {max_depth} levels deep",
+                       hint="give a document the tool wrote")
+    try:
+        return json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise BadInput(f"{what}: cannot read it (not UTF-8 text)") from None
+    except json.JSONDecodeError as exc:
+        raise BadInput(f"{what}: not JSON (line {exc.lineno}: {exc.msg})") from None
+    except RecursionError:   # not reached after the depth check; kept so that none ever surfaces
+        raise BadInput(f"{what}: JSON nested too deep") from None
+
+
+def read_json(path: Path | str, *, limit: int, what: str = "file") -> Any:
+    """An untrusted JSON file: `read_regular` (no link, no device, at most `limit` bytes), then
+    `loads_json` (its depth bounded). `MissingFile` when it is not there."""
+    return loads_json(read_regular(path, limit=limit, what=what), what=f"{what} {path}".strip())
 
 
 def _read_fd_relative(dfd: int, name: str, *, limit: int, shown: Path, what: str = "file") -> bytes | None:
+    found = _read_at(dfd, name, limit=limit, shown=shown, what=what)
+    return None if found is None else found[0]
+
+
+def _read_at(dfd: int, name: str, *, limit: int, shown: Path, what: str) -> tuple[bytes, int] | None:
+    label = f"{what} {shown}".strip()
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
     except FileNotFoundError:
         return None
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise BadInput(f"{what} {shown}: is a symbolic link", hint="give the file itself") from None
-        raise BadInput(f"{what} {shown}: cannot be read ({exc.strerror or exc})") from None
+            raise BadInput(f"{label}: is a symbolic link", hint="give the file itself") from None
+        raise BadInput(f"{label}: cannot be read ({exc.strerror or exc})") from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise BadInput(f"{what} {shown}: is not a regular file", hint="give a regular file")
+            raise BadInput(f"{label}: is not a regular file", hint="give a regular file")
         if st.st_size > limit:
-            raise BadInput(f"{what} {shown}: is {st.st_size} bytes, more than the {limit} allowed")
+            raise BadInput(f"{label}: is {st.st_size} bytes, more than the {limit} allowed")
         chunks = []
         left = limit + 1
         while left > 0:
@@ -269,10 +336,10 @@ def _read_fd_relative(dfd: int, name: str, *, limit: int, shown: Path, what: str
             left -= len(chunk)
         data = b"".join(chunks)
         if len(data) > limit:
-            raise BadInput(f"{what} {shown}: is more than the {limit} bytes allowed")
-        return data
+            raise BadInput(f"{label}: is more than the {limit} bytes allowed")
+        return data, st.st_mode
     except OSError as exc:
-        raise BadInput(f"{what} {shown}: cannot be read ({exc.strerror or exc})") from None
+        raise BadInput(f"{label}: cannot be read ({exc.strerror or exc})") from None
     finally:
         os.close(fd)
 

@@ -253,3 +253,40 @@ def test_a_pth_too_large_to_read_is_not_verified():
     assert _pth_lines({OTHER: {"big.pth": None}}) == [
         f"{OTHER}/big.pth: a .pth file too large to read (a site folder of the image's python); what it runs at "
         "every start is not verified"]
+
+
+# --- code hooks in the environment (targets/start_hooks.py): named whatever sys.path holds -------
+@pytest.mark.parametrize("config, files, named", [
+    ({**VLLM_SERVE, "Env": ["PYTHONWARNINGS=ignore::hook.W", "PYTHONPATH=/opt/h"]}, {"/opt/h/hook.py": b""},
+     "Env PYTHONWARNINGS='ignore::hook.W': its warning category imports module hook"),
+    ({**VLLM_SERVE, "Env": ["PYTHONWARNINGS=default,ignore:x:urllib3.exceptions.W"]}, {},
+     "Env PYTHONWARNINGS='ignore:x:urllib3.exceptions.W': its warning category imports module urllib3.exceptions"),
+    ({"Entrypoint": ["python3", "-Wignore::hook.W", "-m", "vllm.entrypoints.cli.main"]}, {}, "-W 'ignore::hook.W'"),
+    # -E drops PYTHONWARNINGS, never -W; nor the dynamic loader's variables
+    ({"Entrypoint": ["python3", "-E", "-W", "error::a.B", "-m", "x"], "Env": ["PYTHONWARNINGS=ignore::hook.W"]}, {},
+     "-W 'error::a.B'"),
+    ({**VLLM_SERVE, "Env": ["LD_PRELOAD=/opt/x.so"]}, {"/opt/x.so": b""}, "Env LD_PRELOAD='/opt/x.so': the dynamic loader"),
+    ({"Entrypoint": ["python3", "-I", "-m", "vllm"], "Env": ["LD_AUDIT=/opt/a.so"]}, {}, "Env LD_AUDIT='/opt/a.so'"),
+    ({"Entrypoint": ["env", "LD_PRELOAD=/x.so", "vllm", "serve"]}, {"/usr/bin/env": b"\x7fELF"}, "Env LD_PRELOAD='/x.so'"),
+    (VLLM_SERVE, {"/etc/ld.so.preload": b"/opt/x.so\n"}, "/etc/ld.so.preload: names '/opt/x.so'"),
+    ({**VLLM_SERVE, "Env": ["PYTHONPYCACHEPREFIX=/opt/pyc"]}, {}, "Env PYTHONPYCACHEPREFIX='/opt/pyc'"),
+    ({"Entrypoint": ["python3", "-X", "pycache_prefix=/p", "-m", "vllm"]}, {}, "-X 'pycache_prefix=/p'"),
+    ({**VLLM_SERVE, "Env": ["PYTHONPLATLIBDIR=lib64"]}, {}, "Env PYTHONPLATLIBDIR='lib64'"),
+])
+def test_code_hooks_of_the_environment_are_named(config: dict[str, Any], files: dict[str, bytes | None],
+                                                 named: str) -> None:
+    lines = _lines(config, files)
+    assert len(lines) == 1 and lines[0].startswith(named), lines
+
+
+@pytest.mark.parametrize("config, files", [
+    ({**VLLM_SERVE, "Env": ["PYTHONWARNINGS=ignore::DeprecationWarning,default"]}, {}),
+    ({**VLLM_SERVE, "Env": ["PYTHONWARNINGS=error::a.b.C::::"]}, {}),   # too many fields: CPython ignores it
+    ({"Entrypoint": ["python3", "-E", "-m", "x"], "Env": ["PYTHONWARNINGS=ignore::hook.W", "PYTHONPYCACHEPREFIX=/p"]}, {}),
+    ({**VLLM_SERVE, "Env": ["LD_LIBRARY_PATH=/usr/local/nvidia/lib64", "PYTHONSTARTUP=/s.py", "PYTHONMALLOC=malloc",
+                            "PYTHONPROFILEIMPORTTIME=1", "PYTHONBREAKPOINT=pdb.set_trace", "PYTHONEXECUTABLE=/x"]}, {}),
+    (VLLM_SERVE, {"/etc/ld.so.preload": b" \n"}),
+])
+def test_harmless_variables_and_an_empty_preload_file_are_not_named(config: dict[str, Any],
+                                                                     files: dict[str, bytes | None]) -> None:
+    assert _lines(config, files) == []

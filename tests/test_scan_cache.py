@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from dspark_patch.errors import BadInput
+from dspark_patch.targets.caches import seal
 from dspark_patch.targets.caches.scans import MAGIC, ScanCache, parse_size
 from dspark_patch.targets.layers import merge, scan_layer
 from dspark_patch.targets.layers.scan import path_key
@@ -276,3 +277,47 @@ def test_the_save_route_keeps_every_layer_under_its_own_diff_id(tmp_path: Path, 
     again = run("status", "--via", "layers", "--json", "--image", fixture, env=env)
     strip = ("seconds", "started_at")
     assert {k: v for k, v in again.json.items() if k not in strip} == {k: v for k, v in first.json.items() if k not in strip}
+
+
+_OTHER_HOST = """
+import sys
+from pathlib import Path
+from dspark_patch.targets.caches.scans import ScanCache
+from dspark_patch.targets.layers import scan_layer
+from dspark_patch.targets.views.from_layers import status_retain, status_retain_identity
+data = Path(sys.argv[1]).read_bytes()
+cache = ScanCache(Path(sys.argv[2]), identity=status_retain_identity("vllm"))
+import io
+cache.put(sys.argv[3], scan_layer(io.BytesIO(data), where="a layer", retain=status_retain("vllm")))
+again = ScanCache(Path(sys.argv[2]), identity=status_retain_identity("vllm")).get(sys.argv[3])
+print(sys.version_info[1], cache.stores, again is not None)
+"""
+
+
+@pytest.mark.engine
+def test_hosts_of_two_python_minors_sharing_one_cache_never_answer_each_other(tmp_path: Path) -> None:
+    """A scan keeps each source's `source_hash`, keyed by the scanning python's magic
+    number. The trixie base's python 3.13 and this host's 3.11 share one cache folder and one
+    key: each keeps its own entry and reads only its own."""
+    from tests.support import images
+
+    root = Path(__file__).resolve().parents[1]
+    data = hostile.layer([Dir("usr"), Dir("usr/lib"), File("usr/lib/a.py", b"x = 1\n")])
+    (tmp_path / "layer.tar").write_bytes(data)
+    (tmp_path / "cache").mkdir()
+    here = ScanCache(tmp_path / "cache", identity=status_retain_identity("vllm"))
+    here.put(hostile.diff_id(data), _scan(data))     # kept by this host's python (3.11)
+    key = seal.key_path()                             # the one key both hosts use
+    assert here.stores == 1 and key.is_file()
+    other = subprocess.run(
+        ["docker", "run", "--rm", "--network", "none", "--user", f"{os.getuid()}:{os.getgid()}",
+         "-v", f"{root}:/src:ro", "-v", f"{tmp_path}:{tmp_path}", "-v", f"{key}:{key}:ro", "-w", "/src", "-e", "PYTHONPATH=/src",
+         "-e", f"DSPARK_PATCH_CACHE_KEY={key}", images.built_images()["trixie-base"],
+         "python3", "-c", _OTHER_HOST, str(tmp_path / "layer.tar"), str(tmp_path / "cache"), hostile.diff_id(data)],
+        capture_output=True, text=True, check=False)
+    assert other.returncode == 0, other.stderr
+    minor, stores, hit = other.stdout.split()
+    assert minor != str(sys.version_info[1]) and stores == "1" and hit == "True", other.stdout
+    # Two entries, one per python; this host still reads its own, and only its own.
+    assert len(list((tmp_path / "cache").rglob("*.scan"))) == 2
+    assert ScanCache(tmp_path / "cache", identity=status_retain_identity("vllm")).get(hostile.diff_id(data)) == _scan(data)

@@ -124,7 +124,7 @@ def test_bad_images_from_file_is_one_line_exit_2(tmp_path: Path) -> None:
     line = run("status", "--images-from", str(tmp_path / "refs")).assert_clean_error(2)
     assert "refs:2" in line
     line = run("status", "--images-from", str(tmp_path / "absent")).assert_clean_error(2)
-    assert "cannot read it" in line
+    assert "absent: no such file" in line
 
 
 def test_unreachable_engine_is_exit_3_and_bad_flags_are_exit_2(tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
+from dspark_patch import ownfiles
 from dspark_patch.errors import BadInput, CheckFailed
 
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
@@ -59,13 +60,11 @@ def _algorithm(key: PublicKey | PrivateKey, path: Path) -> Algorithm:
                    hint="make one with `openssl genpkey -algorithm ed25519` or `-algorithm EC -pkeyopt ec_paramgen_curve:P-256`")
 
 
+KEY_LIMIT = 1 << 20   # a PEM key is a few hundred bytes
+
+
 def _read(path: Path, what: str) -> bytes:
-    try:
-        return Path(path).read_bytes()
-    except FileNotFoundError:
-        raise BadInput(f"{what} {path}: no such file") from None
-    except OSError as exc:
-        raise BadInput(f"{what} {path}: cannot read it ({exc.strerror})") from None
+    return ownfiles.read_regular(path, limit=KEY_LIMIT, what=what)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -101,14 +100,7 @@ def _read_private(path: Path, *, allow_open: bool) -> bytes:
     """The key file's bytes, refused (like ssh) when its mode lets group or others read or write
     it: whoever can read the key can sign attestations the cluster's policy admits, so a key
     others can read is a key already shared. The mode is read from the file opened."""
-    try:
-        with open(path, "rb") as handle:
-            mode = os.fstat(handle.fileno()).st_mode
-            data = handle.read()
-    except FileNotFoundError:
-        raise BadInput(f"--sign-key {path}: no such file") from None
-    except OSError as exc:
-        raise BadInput(f"--sign-key {path}: cannot read it ({exc.strerror})") from None
+    data, mode = ownfiles.read_regular_with_mode(path, limit=KEY_LIMIT, what="--sign-key")
     if mode & 0o077 and not allow_open:
         raise BadInput(f"--sign-key {path} is open to group or others (mode {stat.S_IMODE(mode):04o}): "
                        "a signing key must be readable by its owner only",
@@ -172,6 +164,8 @@ def open_envelope(body: bytes, verifier: Verifier) -> dict[str, Any]:
 
     Hostile input: every field is checked for shape before use; anything else is refused with
     the reason (`AttestationInvalid`, exit 1)."""
+    if ownfiles.json_depth(body) > ownfiles.JSON_DEPTH:
+        raise AttestationInvalid(f"the attestation is not a DSSE envelope (JSON nested more than {ownfiles.JSON_DEPTH} deep)")
     try:
         document = json.loads(body)
     except ValueError:
@@ -197,6 +191,8 @@ def open_envelope(body: bytes, verifier: Verifier) -> dict[str, Any]:
             continue
         # The keyid is only a hint: a signature counts when it verifies with the given key.
         if verifier.valid(signature, signed):
+            if ownfiles.json_depth(payload) > ownfiles.JSON_DEPTH:
+                raise AttestationInvalid(f"the signed payload is JSON nested more than {ownfiles.JSON_DEPTH} deep")
             try:
                 statement = json.loads(payload)
             except ValueError:

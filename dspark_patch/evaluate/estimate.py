@@ -10,11 +10,11 @@ config.json: `hidden_size`, `hc_mult` (read as `config.hc_mult`, model.py:837) a
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import ownfiles
 from ..errors import BadInput
 from .model import OmissionEstimate
 
@@ -22,6 +22,8 @@ MIB = 1 << 20
 GIB = 1 << 30
 
 DTYPE_BYTES: dict[str, int] = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+CONFIG_LIMIT = 16 << 20   # a Hugging Face config.json is a few KB
 
 # Spellings a config.json or a torch repr may use for the three dtypes.
 _DTYPE_ALIASES = {
@@ -77,12 +79,7 @@ def read_model_config(path: Path) -> ModelGeometry:
     A multimodal config keeps the language model's fields under `text_config`; the top level
     wins when both have them.
     """
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise BadInput(f"cannot read model config {path}: {exc.strerror or exc}") from exc
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BadInput(f"{path} is not a JSON model config: {exc}") from exc
+    data = ownfiles.read_json(path, limit=CONFIG_LIMIT, what="model config")
     if not isinstance(data, dict):
         raise BadInput(f"{path} is not a JSON object")
     text: dict[str, Any] = data["text_config"] if isinstance(data.get("text_config"), dict) else {}

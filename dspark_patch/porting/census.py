@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..errors import InvalidPatchSet
+from .. import ownfiles
+from ..errors import BadInput, InvalidPatchSet
 from ..report.model import CensusEntry
 
 
@@ -21,11 +22,13 @@ def census_json(census: tuple[CensusEntry, ...]) -> str:
 
 
 def load_census(path: Path) -> tuple[CensusEntry, ...] | None:
-    """A census recorded beside a variant when it was made (None: none was recorded)."""
+    """A census recorded beside a variant when it was made (None: none was recorded), read bounded
+    and never through a link (ownfiles.read_json): a patch set may come in a pull request."""
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        doc = ownfiles.read_json(path, limit=16 << 20, what="census")
         return tuple(CensusEntry(**row) for row in doc["census"])
-    except FileNotFoundError:
+    except ownfiles.MissingFile:
         return None
-    except (ValueError, KeyError, TypeError) as exc:
-        raise InvalidPatchSet(f"{path}: not a recorded census ({exc})", hint="remove it, or record it again") from None
+    except (BadInput, ValueError, KeyError, TypeError) as exc:
+        said = exc.message if isinstance(exc, BadInput) else f"{path}: not a recorded census ({exc})"
+        raise InvalidPatchSet(said, hint="remove it, or record it again") from None

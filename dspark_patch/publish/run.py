@@ -98,6 +98,9 @@ def publish(request: PublishRequest) -> Published:
         from ..attest.dsse import load_signer
 
         signer = load_signer(Path(request.sign_key), allow_open=request.allow_open_key)
+    # Each report is the in-image job's word: read (bounded, no link, nesting capped) before any
+    # registry is asked, so a hostile one is refused with nothing fetched.
+    reports = {pair.report: read_report(pair.report) for pair in request.pairs}
     patchsets = known(available())
     retain = status_retain(DISTRIBUTION, patched_paths(patchsets))   # status's: its scan cache serves both
     reader = LayerReader(retain=retain, cache=scan_cache_for(patchsets, request.cache_max))
@@ -106,7 +109,7 @@ def publish(request: PublishRequest) -> Published:
     index = parse_index(top) if top.is_index else None
     chosen = _pairs(index, request.pairs, str(src))
     prepared = [_prepare(reader, registry, src, dest, registry.fetch_platform(index, platform) if index and platform
-                         else top, pair, platform, patchsets, retain) for platform, pair in chosen]
+                         else top, pair, reports[pair.report], platform, patchsets, retain) for platform, pair in chosen]
 
     if signer is not None and any(one.report.series for one in prepared):
         raise BadInput("--sign-key attests one patch set, and this report is of a series (which has no attestation yet)",
@@ -188,10 +191,10 @@ def _pairs(index: ImageIndex | None, pairs: tuple[LayerPair, ...], src: str) -> 
 
 
 def _prepare(reader: LayerReader, registry: Registry, src: ImageRef, dest: ImageRef, manifest: Manifest,
-             pair: LayerPair, platform: Platform | None, patchsets: list[PatchSet], retain: RetainPredicate) -> _Prepared:
+             pair: LayerPair, report: AuditReport, platform: Platform | None, patchsets: list[PatchSet],
+             retain: RetainPredicate) -> _Prepared:
     """Prove one run's report and layer against one image of the source, and compose its result."""
     where = f"{src}" if platform is None else f"{src} ({platform})"
-    report = read_report(pair.report)
     claim = read_claim(report, str(pair.report))
     layer = ownfiles.read_regular(pair.layer, limit=LAYER_LIMIT, what="layer")
     source_ref = f"{src.name}@{manifest.digest}"

@@ -300,7 +300,7 @@ def _label_problems(labels: dict[str, str], series: list[PatchSet], variants: li
             problems.append(f"label {LABEL_PREFIX}.patch.sha256 does not match the diff")
     try:
         listed = json.loads(files_label)
-    except ValueError:
+    except (ValueError, RecursionError):
         return problems + [f"label {LABEL_PREFIX}.files is not JSON"]
     if listed != final:
         problems.append(f"label {LABEL_PREFIX}.files does not list the reviewed post-image hashes")
@@ -310,7 +310,7 @@ def _label_problems(labels: dict[str, str], series: list[PatchSet], variants: li
 def _series_digests(label: str | None) -> list[str] | None:
     try:
         return [str(m["sha256"]) for m in json.loads(label or "")]
-    except (ValueError, TypeError, KeyError):
+    except (ValueError, RecursionError, TypeError, KeyError):
         return None
 
 

@@ -13,9 +13,13 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from dspark_patch import ownfiles
 from dspark_patch.errors import BadInput, TargetNotFound
 from dspark_patch.report.model import SCHEMA, AuditReport
 from dspark_patch.serialise import dumps, from_data
+
+# An audit.json of the largest series on a big image is a few MB; 64 MiB is far above any honest one.
+REPORT_LIMIT = 64 << 20
 
 SCHEMA_RESOURCE = "audit.schema.json"
 _SHOWN_CHARS = 160  # of a validation message, which can quote a whole object
@@ -61,20 +65,15 @@ def from_json_dict(data: Any) -> AuditReport:
 
 
 def read_report(path: Path) -> AuditReport:
-    """Load a saved audit.json; a missing or malformed file is the user's input, not a bug."""
+    """Load a saved audit.json; a missing or malformed file is the user's input, not a bug. It
+    may come from an image's own job (publish), so it is read as hostile: ownfiles.read_json
+    (no link, at most REPORT_LIMIT bytes, nesting bounded)."""
     try:
-        text = Path(path).read_text("utf-8")
-    except FileNotFoundError:
+        data = ownfiles.read_json(path, limit=REPORT_LIMIT, what="")
+    except ownfiles.MissingFile:
         raise TargetNotFound(
             f"{path}: no such file", hint="pass the audit.json a run wrote with --report-dir"
         ) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
-        raise BadInput(f"{path}: cannot read it ({reason})") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise BadInput(f"{path}: not JSON (line {exc.lineno}: {exc.msg})") from None
     try:
         return from_json_dict(data)
     except BadInput as exc:

@@ -10,7 +10,6 @@ does not hold is `BadInput`, one line naming the file, and nothing is written.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -20,11 +19,13 @@ from typing import Any
 import jsonschema
 from jsonschema.exceptions import best_match
 
+from .. import ownfiles
 from ..errors import BadInput, TargetNotFound
 from .status_model import FleetStatus, ImageStatus, MergeInfo, ShardInfo
 from .status_render import load_status_schema
 
 _SHOWN_CHARS = 160
+SHARD_LIMIT = 256 << 20   # one shard's status.json: a row per image, far below this for any fleet
 _HINT = "give the status.json that each `dspark-patch status --shard I/N` of one run wrote"
 
 
@@ -54,14 +55,11 @@ def image_from_dict(row: dict[str, Any]) -> ImageStatus:
 def read_shard(path: Path) -> ShardDocument:
     """One shard's status.json, checked against the schema and against itself."""
     try:
-        data = json.loads(Path(path).read_text("utf-8"))
-    except FileNotFoundError:
+        data = ownfiles.read_json(path, limit=SHARD_LIMIT, what="")
+    except ownfiles.MissingFile:
         raise TargetNotFound(f"{path}: no such file", hint=_HINT) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
-        raise BadInput(f"{path}: cannot read it ({reason})", hint=_HINT) from None
-    except json.JSONDecodeError as exc:
-        raise BadInput(f"{path}: not JSON (line {exc.lineno}: {exc.msg})", hint=_HINT) from None
+    except BadInput as exc:
+        raise BadInput(exc.message, hint=_HINT) from None
     error = best_match(_validator().iter_errors(data))
     if error is not None:
         where = error.json_path.removeprefix("$").removeprefix(".") or "the top level"

@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from .. import __version__, unread_env
+from .. import __version__, ownfiles, unread_env
 from ..errors import BadInput, DsparkPatchError, EngineUnreachable, EnvironmentProblem, TargetNotFound, UnfinishedApply
 from ..imageref import ImageRef
 from ..patchset import PatchSet, available, known, patched_paths
@@ -57,12 +57,16 @@ class StatusRequest:
             ImageRef.refuse_userinfo(ref)
 
 
+REFS_LIMIT = 16 << 20   # --images-from: a line per image; a fleet of 100,000 is a few MB
+
+
 def read_refs_file(path: Path) -> tuple[str, ...]:
     """--images-from: one reference per line; blank lines and `#` comments ignored."""
+    raw = ownfiles.read_regular(path, limit=REFS_LIMIT, what="--images-from")
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BadInput(f"--images-from {path}: cannot read it ({getattr(exc, 'strerror', None) or exc})",
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadInput(f"--images-from {path}: cannot read it (not UTF-8 text)",
                        hint="give a text file with one image reference per line") from None
     refs = []
     for number, line in enumerate(text.splitlines(), 1):

@@ -58,8 +58,9 @@ def _shown(argv: list[str]) -> str:
     return repr(text if len(text) <= 80 else text[:77] + "...")
 
 
-def _flags(args: list[str]) -> tuple[set[str], str | None, str | None]:
-    """(single-letter flags, "-m"/"-c"/None, the script) of a python command line's arguments."""
+def _flags(args: list[str], values: list[tuple[str, str]] | None = None) -> tuple[set[str], str | None, str | None]:
+    """(single-letter flags, "-m"/"-c"/None, the script) of a python command line's arguments;
+    the values of its `-W` and `-X` options are added to `values` as ("W", value)."""
     flags: set[str] = set()
     args = list(args)
     while args:
@@ -73,8 +74,9 @@ def _flags(args: list[str]) -> tuple[set[str], str | None, str | None]:
             if letter in "mc":
                 return flags, f"-{letter}", None
             if letter in _OPTIONS_WITH_VALUE:
-                if i == len(letters) - 1 and args:
-                    args.pop(0)
+                value = letters[i + 1:] or (args.pop(0) if args else "")
+                if values is not None and letter in "WX":
+                    values.append((letter, value))
                 break
             flags.add(letter)
     return flags, None, None
@@ -95,6 +97,7 @@ class Start:
     flags: frozenset[str]
     first: tuple[str, str] | None
     unmodelled: tuple[str, ...]
+    options: tuple[tuple[str, str], ...] = ()   # its -W and -X options: ("W", "ignore::hook.W")
 
     @property
     def isolated(self) -> bool:
@@ -118,6 +121,7 @@ def start_of(config: Mapping[str, Any], stat: interp.Stat, read_small: ReadSmall
     flags: set[str] = set()
     first: tuple[str, str] | None = None
     python: str | None = None
+    options: list[tuple[str, str]] = []
     argv, assigned, unmodelled = unwrap(image_argv(config))
     command = interp.resolve_command(argv[0], search_dirs(config), stat) if argv and unmodelled is None else None
     if unmodelled is not None:
@@ -128,7 +132,7 @@ def start_of(config: Mapping[str, Any], stat: interp.Stat, read_small: ReadSmall
                      f"what it runs before or instead of {what} is not verified")
     if command is not None and interp.is_python_name(command):
         python = command
-        flags, mode, script = _flags(argv[1:])
+        flags, mode, script = _flags(argv[1:], options)
         if mode is not None:
             first = (workdir, f"the working dir, first on sys.path for `python {mode}`")
         elif script is not None:
@@ -139,7 +143,7 @@ def start_of(config: Mapping[str, Any], stat: interp.Stat, read_small: ReadSmall
         named = interp.shebang_python(head)
         if named is not None:
             words = head[2:].split(b"\n", 1)[0].decode("utf-8", "replace").split()
-            flags, _, _ = _flags([w for w in words[1:] if w.startswith("-")])
+            flags, _, _ = _flags([w for w in words[1:] if w.startswith("-")], options)
             python = named if named.startswith("/") else interp.resolve_command(named, search_dirs(config), stat)
             first = (posixpath.dirname(command), f"the folder of the entrypoint script {command}")
         elif not (posixpath.basename(command) in _SHELLS and len(argv) == 1):
@@ -151,7 +155,7 @@ def start_of(config: Mapping[str, Any], stat: interp.Stat, read_small: ReadSmall
             lines.append(f"the image starts {_shown(argv)} ({command}): {kind} the tool does not model; what it runs "
                          f"before or instead of {what} is not verified")
     return Start(argv=tuple(argv), env={**image_env(config), **assigned}, python=python, flags=frozenset(flags),
-                 first=first, unmodelled=tuple(lines))
+                 first=first, unmodelled=tuple(lines), options=tuple(options))
 
 
 def started_argv(start: Start, *, top: str, source: str) -> list[str] | None:

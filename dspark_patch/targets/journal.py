@@ -124,8 +124,8 @@ def read(root: Path) -> Journal | None:
     try:
         doc = json.loads(data.decode("utf-8"))
         return _decode(root, doc)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise _bad(shown, f"not JSON ({exc})") from None
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise _bad(shown, f"not JSON ({type(exc).__name__ if isinstance(exc, RecursionError) else exc})") from None
     except (KeyError, TypeError, AttributeError, binascii.Error) as exc:
         raise _bad(shown, f"not a journal of this tool ({type(exc).__name__}: {exc})") from None
     except DsparkPatchError as exc:

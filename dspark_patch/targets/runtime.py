@@ -17,7 +17,8 @@ one. `PYTHONHOME` moves the standard library and the site folders.
 `runs_first` names each of these that holds what `import vllm` would take first (a package with
 an `__init__.py`, or a module file `vllm.py`, `vllm.pyc`, `vllm*.so`), a `sitecustomize`,
 `usercustomize` or `_distutils_hack` there (what setuptools' `.pth` imports at start), a Debian sitecustomize that is not Debian's, an `apport_python_hook`
-the Debian one would import, and `PYTHONHOME`. Only what the config says and a path stat shows:
+the Debian one would import, `PYTHONHOME`, and the code hooks of the Env and of
+/etc/ld.so.preload (`LD_PRELOAD`, a module category in `PYTHONWARNINGS`: targets/start_hooks.py). Only what the config says and a path stat shows:
 nothing runs. Both status routes, `verify` and `apply` ask it (one rule), docs/status.md.
 `judge_started` judges what the image's own python, started as the image starts it, answered.
 How the image starts its python (its argv, flags, sys.path[0]) is targets/image_start.py's.
@@ -36,6 +37,7 @@ from ..references import DISTUTILS_HACK, KNOWN_DISTUTILS_HACK, KNOWN_PTH
 from . import interpreter as interp
 from .image_start import ReadSmall, start_of
 from .imageconfig import is_dir, is_link
+from .start_hooks import code_hooks
 
 # A folder's `.pth` files by name (None: too large or not a regular file, so not read); None when
 # there is no such folder.
@@ -99,6 +101,7 @@ def runs_first(config: Mapping[str, Any], stat: interp.Stat, read_small: ReadSma
     workdir = str(config.get("WorkingDir") or "/")
     start = start_of(config, stat, read_small, what=f"{site}/{top}")
     lines = list(start.unmodelled)
+    lines += code_hooks(start, stat, read_small, what=f"{site}/{top}")
     flags, first, env = start.flags, start.first, start.env
     isolated, ignore_env, safe = start.isolated, start.ignores_env, start.safe_path
     if not ignore_env and env.get("PYTHONHOME"):

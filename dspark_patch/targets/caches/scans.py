@@ -6,7 +6,8 @@ layer itself, so the cache stays small: the fixture's 2 GB of layers cache in a 
 
 - **Key.** An entry is named by the sha256 of the predicate's identity and the diff_id: a scan
   kept for another predicate (another distribution, other patch sets' paths, another version of
-  the reader) is another entry and is never reused. The identity is also stored in the entry
+  the reader, another host python's magic number: a scan's source hashes are under it) is another
+  entry and is never reused. The identity is also stored in the entry
   and checked on load.
 - **Trust.** Only a scan of a layer whose bytes were checked against its digest is stored (the
   callers: registry route and save route hash what they scan). An entry is its seal under this
@@ -27,6 +28,7 @@ import array
 import base64
 import contextlib
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -219,10 +221,15 @@ def _decode(raw: bytes, identity: str, diff_id: str, name: str) -> LayerScan | N
         return None
 
 
-def scan_identity(*parts: str, sources: Mapping[str, bytes] | None = None) -> str:
-    """A predicate's identity: its parameters and the source of the code that scans (so a new
-    reader never reuses an old reader's scans)."""
+def scan_identity(*parts: str, sources: Mapping[str, bytes] | None = None,
+                  magic: bytes = importlib.util.MAGIC_NUMBER) -> str:
+    """A predicate's identity: its parameters, the source of the code that scans (so a new
+    reader never reuses an old reader's scans) and this host's bytecode magic number: a scan keeps
+    each source's `importlib.util.source_hash`, which is keyed by the magic number of the python
+    that computed it (targets/views/facts.py), so a 3.12 host and a 3.11 host sharing one cache
+    folder must never answer each other (else an honest image reads as "tampered")."""
     digest = hashlib.sha256()
+    digest.update(b"magic=" + magic + b"\0")
     for part in parts:
         digest.update(part.encode("utf-8", "surrogateescape") + b"\0")
     for name, data in sorted((sources or {}).items()):

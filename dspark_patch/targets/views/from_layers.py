@@ -88,8 +88,8 @@ def status_retain(distribution: str, retain_paths: Iterable[str] = ()) -> Retain
         folder, _, base = path.rpartition("/")
         if kind == "dir":
             return "name" if _LIB_DIR.match(path) or base in (top, *_STARTUP_PACKAGES) else None
-        if path == "etc/passwd" or _SITECUSTOMIZE.match(path):
-            return ("capped", 1 << 16)   # targets/runtime.py: the USER's HOME, Debian's start-up hook
+        if path in ("etc/passwd", "etc/ld.so.preload") or _SITECUSTOMIZE.match(path):
+            return ("capped", 1 << 16)   # targets/runtime.py: the USER's HOME, Debian's start-up hook, the loader's preload
         if (base.split(".", 1)[0] in (top, *_STARTUP_PACKAGES) and base.endswith((".py", ".pyc", ".so"))) \
                 or (base == "__init__.py" and folder.rpartition("/")[2] in (top, *_STARTUP_PACKAGES)):
             return "name"                # what `import` takes before the site folder (targets/runtime.py)
