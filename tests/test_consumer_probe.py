@@ -84,7 +84,7 @@ def probe(*args: str, python: list[str] | None = None, env: dict | None = None, 
 def cases_of(run) -> dict[str, dict]:
     doc = json.loads(run.stdout)
     assert doc["schema"] == "dspark-patch/probe/v1"
-    assert set(doc) == {"schema", "ok", "cases", "census"}
+    assert set(doc) == {"schema", "ok", "cases", "census", "where"}
     assert doc["ok"] is all(c["ok"] for c in doc["cases"])
     for case in doc["cases"]:
         assert set(case) == {"name", "ok", "detail"} and isinstance(case["detail"], str) and case["detail"]

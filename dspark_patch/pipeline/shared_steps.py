@@ -232,7 +232,13 @@ def compiled_rows(target: Target, dist: Distribution, paths: list[str], *,
     python: its row for each path, in order. CompileFailed (with `hint`) when it gives no rows,
     naming what it said on stderr, or its exit code when it said nothing; or when its answer is
     not one row per path."""
-    result = target.run_python(inside_source("compile"), [f"{dist.location}/{p}" for p in paths], timeout=300)
+    args = [f"{dist.location}/{p}" for p in paths]
+    result = target.run_python(inside_source("compile"), args, timeout=300)
+    if result.returncode == 0 and not result.stdout and not result.stderr:
+        # The engine can drop a quick exec's whole output under load (moby/moby#27289,
+        # docker/docker-py#2042): the script always prints its rows, so nothing at all with exit 0
+        # is the engine's loss, not the script's answer. Compiling is idempotent: ask once more.
+        result = target.run_python(inside_source("compile"), args, timeout=300)
     try:
         doc = json.loads(result.stdout.decode("utf-8"))
     except ValueError:
