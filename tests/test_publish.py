@@ -279,6 +279,31 @@ def _other_bytecode(members):
     return members
 
 
+def _folder(members, change):
+    """The layer with the vllm/ folder entry's header changed by `change(info)`."""
+    name = f"{SITE.lstrip('/')}/vllm"
+    info, data = members[name]
+    change(info)
+    members[name] = (info, data)
+    return members
+
+
+def _opaque_xattr(info) -> None:
+    info.pax_headers = {"SCHILY.xattr.trusted.overlay.opaque": "y"}   # overlayfs then hides vllm/'s lower files
+
+
+def _writable_by_all(info) -> None:
+    info.uid, info.gid, info.mode = 1234, 1234, 0o777   # the serving user could write a .pth above vLLM
+
+
+def _setuid_source(members):
+    name = f"{SITE.lstrip('/')}/vllm/envs.py"
+    info, data = members[name]
+    info.mode = 0o4755
+    members[name] = (info, data)
+    return members
+
+
 BAD = {
     "a report whose pre-image hash was edited": (
         lambda out, tmp: (out / "layer.tar", _edited_report(out, tmp, lambda d: d["files"][0].update(pre_sha256="0" * 64))),
@@ -289,6 +314,14 @@ BAD = {
     "a layer with one file more": (lambda out, tmp: _rewritten_layer(out, tmp, _one_more), "extra.py"),
     "a layer with one file less": (lambda out, tmp: _rewritten_layer(out, tmp, _one_less), "not the report's changes"),
     "bytecode of another source": (lambda out, tmp: _rewritten_layer(out, tmp, _other_bytecode), "hash of another source"),
+    "an overlay opaque xattr on vllm/": (
+        lambda out, tmp: _rewritten_layer(out, tmp, lambda m: _folder(m, _opaque_xattr)),
+        "carries the PAX record SCHILY.xattr.trusted.overlay.opaque"),
+    "vllm/ owned by another user, writable by all": (
+        lambda out, tmp: _rewritten_layer(out, tmp, lambda m: _folder(m, _writable_by_all)),
+        "has mode 0777, owner 1234:1234, where apply --image of the source would write mode 0755, owner 0:0"),
+    "a patched file made setuid": (lambda out, tmp: _rewritten_layer(out, tmp, _setuid_source),
+                                   "envs.py in the layer has mode 4755"),
     "a report of a run that failed": (
         lambda out, tmp: (out / "layer.tar", _edited_report(out, tmp, lambda d: d.update(status="failed", exit_code=1, errors=[
             {"kind": "probe-failed", "message": "the probe failed", "hint": None, "exit_code": 1}]))),

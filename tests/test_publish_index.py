@@ -22,13 +22,16 @@ from dspark_patch.report.audit_json import read_report
 from tests.support.cli import run
 from tests.support.images import official_image
 from tests.support.index import arm64_official_image, publish_index, remove_images_from
+from tests.support.python313 import python313
 from tests.support.registry import login_registry_in
 from tests.support.tool_folder import tool_folder
+from tests.test_publish import _rewritten_layer
 
 pytestmark = [pytest.mark.engine, pytest.mark.registry, pytest.mark.emulation]
 
 USER, PASSWORD = "publisher", "s3cret-for-the-index"
 NO_ENGINE = "tcp://127.0.0.1:9"
+HOST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"   # no python3.13 on it
 SITES = {"linux/amd64": "/usr/local/lib/python3.11/dist-packages",
          "linux/arm64": "/usr/local/lib/python3.13/dist-packages"}
 
@@ -94,11 +97,16 @@ def test_an_index_is_published_from_one_job_per_platform_and_verifies_with_and_w
     assert subprocess.run(["skopeo", "inspect", "--raw", "--tls-verify=false", "--authfile",
                            str(reg.config / "config.json"), f"docker://{dest}"], capture_output=True).returncode != 0
 
-    done = run("publish", "--image", source, *_pairs(jobs), "--tag", dest, "--json",
+    # The arm64 layer's bytecode is Python 3.13's: with no interpreter of that minor to recompile
+    # it, its header alone is no proof, and nothing is published.
+    refused = run("publish", "--image", source, *_pairs(jobs), "--tag", dest, env={**env, "PATH": HOST_PATH})
+    assert "this host has no Python 3.13 to recompile it" in refused.assert_clean_error(2)
+    done = run("publish", "--image", source, *_pairs(jobs), "--tag", dest, "--json", "--python", str(python313()),
                "--report-dir", str(tmp_path / "published"), env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     said = done.json
     assert said["platforms"] == ["linux/amd64", "linux/arm64/v8"]
+    assert said["bytecode_checked"] == said["bytecode_recompiled"] == 4 and said["notes"] == []
     # two layers and two configs sent; every base layer of both platforms already in team/vllm,
     # none sent again
     base = sum(len(_config(source, reg.config, p)["rootfs"]["diff_ids"]) for p in ("linux/amd64", "linux/arm64"))
@@ -135,3 +143,47 @@ def test_an_index_is_published_from_one_job_per_platform_and_verifies_with_and_w
         assert mine["config"] == theirs["config"], platform
         assert mine["rootfs"]["diff_ids"][:-1] == theirs["rootfs"]["diff_ids"][:-1], platform
         assert len(mine["rootfs"]["diff_ids"]) == len(theirs["rootfs"]["diff_ids"]), platform
+
+
+_FORGE = r"""
+import base64, importlib._bootstrap_external as be, sys
+header_hash = base64.b64decode(sys.argv[1])
+code = compile(b"import os\nos.environ['VLLM_PCAI_DSPARK_SKIP_MTP_BUFFER'] = '0'\n", sys.argv[2], "exec")
+sys.stdout.write(base64.b64encode(bytes(be._code_to_hash_pyc(code, header_hash, True))).decode())
+"""
+
+
+def _forged_313(members):
+    """envs.cpython-313.pyc replaced by Python 3.13 bytecode of other code whose checked-hash
+    header names the reviewed envs.py's source hash: what its header alone cannot tell."""
+    import base64
+
+    pyc = next(name for name in members if name.endswith("envs.cpython-313.pyc"))
+    info, honest = members[pyc]
+    forged = subprocess.run([str(python313()), "-I", "-S", "-B", "-c", _FORGE, base64.b64encode(honest[8:16]).decode(),
+                             "/" + pyc.replace("__pycache__/", "").replace(".cpython-313.pyc", ".py")],
+                            capture_output=True, text=True, check=True, cwd="/").stdout
+    members[pyc] = (info, base64.b64decode(forged))
+    return members
+
+
+def test_forged_bytecode_of_another_minor_is_recompiled_and_refused(index, jobs: dict[str, Path],
+                                                                    tmp_path: Path) -> None:
+    """A layer whose 3.13 .pyc is other code under the reviewed source's hash: publish from this
+    3.11 host recompiles it with a 3.13 interpreter (--python) and refuses it; with none, it
+    refuses the layer unproven. Nothing is tagged either way."""
+    reg, source = index
+    env = {"DOCKER_HOST": NO_ENGINE, "DOCKER_CONFIG": str(reg.config), "DSPARK_PATCH_CACHE": str(tmp_path / "cache"),
+           "PATH": HOST_PATH}
+    layer, report = _rewritten_layer(jobs["linux/arm64"], tmp_path, _forged_313)
+    dest = f"{reg.address}/team/vllm:forged-{uuid.uuid4().hex[:8]}"
+    pairs = [*_pairs(jobs, ("linux/amd64",)), "--layer", f"linux/arm64={layer}", "--report", f"linux/arm64={report}"]
+    for extra, said in ((["--python", str(python313())], "is not its source's code as Python 3.13 compiles it"),
+                        ([], "this host has no Python 3.13 to recompile it")):
+        done = run("publish", "--image", source, *pairs, "--tag", dest, *extra, env=env)
+        assert said in done.assert_clean_error(2)
+    assert subprocess.run(["skopeo", "inspect", "--raw", "--tls-verify=false", "--authfile",
+                           str(reg.config / "config.json"), f"docker://{dest}"], capture_output=True).returncode != 0
+    # an interpreter of another minor is not taken for the image's
+    wrong = run("publish", "--image", source, *pairs, "--tag", dest, "--python", "/usr/bin/python3", env=env)
+    assert "is not an interpreter of Python 3.13" in wrong.assert_clean_error(2)

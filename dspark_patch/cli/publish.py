@@ -23,6 +23,7 @@ def publish(
     force: Annotated[bool, typer.Option("--force", help="Move --tag if it exists (without it, a tag that exists, or that another push sets meanwhile, fails the run; it is never moved).")] = False,
     sign_key: Annotated[Path | None, typer.Option("--sign-key", help="Sign the in-toto statement of the published image (an index: and each platform's) with this private key and attach it as a referrer, as `apply --push --sign-key` does (see docs/attestations.md).")] = None,
     allow_open_key: Annotated[bool, typer.Option("--allow-open-key", help="Sign with a --sign-key file that group or others may read.")] = False,
+    python: Annotated[str | None, typer.Option("--python", help="An interpreter of the image's Python minor (e.g. python3.13) to recompile the layer's bytecode with, where this host's is another and none is on PATH.")] = None,
     cache_max: Annotated[str | None, typer.Option("--cache-max", help="Bound of the layer-scan cache status uses (e.g. 2G; 0 turns it off).")] = None,
     report_dir: Annotated[Path | None, typer.Option("--report-dir", help="Write the report of the published image here (audit.json, audit.md, junit.xml): the in-image run's, naming the source and the result.")] = None,
     as_json: common.JsonOpt = False,
@@ -32,7 +33,8 @@ def publish(
     Reads the source from its registry (strict layer reader, status's scan cache); proves the
     report was made from that image's tree (site folder, release, interpreter, every pre-image,
     integrity against the published wheel) and that the layer is exactly the report's (its digest,
-    its entries, each post-image, each .pyc's embedded source hash); then uploads the layer and a
+    its entries, each post-image, each header as apply --image writes it, each .pyc recompiled by
+    the image's Python minor); then uploads the layer and a
     config that keeps the source's, mounts the source's layers, and puts the tag last. An index
     takes one run per platform (--layer/--report PLATFORM=FILE each) and is published whole.
 
@@ -49,6 +51,7 @@ def publish(
         common.check_outputs(report_dir)
     request = PublishRequest(source=image, pairs=_pairs(layer, report), tag=tag, force=force,
                              sign_key=None if sign_key is None else str(sign_key), allow_open_key=allow_open_key,
+                             python=python,
                              cache_max=parse_size(cache_max, "--cache-max") if cache_max is not None else None)
     done = run_publish(request)
     if report_dir is not None:

@@ -10,10 +10,13 @@ source's layers with the new one on top, merged the engine's way. Then:
 - the layer: its sha256 and size the report's, read with the strict reader, exactly the report's
   changes (recounted against the source: added, changed, deleted), nothing outside the patched
   files, their bytecode and the folders above them;
+- the headers: each entry's PAX records, mode and owner what `apply --image` of the source would
+  write (publish/headers.py);
 - the bytecode: each .pyc the layer holds is checked-hash bytecode of the image's Python (its
   magic number) whose embedded source hash is the patched source's (computed here with that
-  magic number's key); its code is recompiled and compared only where this host's Python is the
-  image's (status/bytecode.py), and a note says when it was not;
+  magic number's key), and its code is recompiled by an interpreter of the image's minor (this
+  host's, `python3.X` on PATH or --python) and compared (status/bytecode.py); with no such
+  interpreter, a layer with bytecode is refused;
 - the result: status's row of the image-to-be has every patch set applied, each file its
   post-image, and no finding.
 Each failure is one PublishRefused line; nothing has been written when they run.
@@ -24,12 +27,12 @@ from __future__ import annotations
 import _imp
 import hashlib
 import io
-import sys
 import tarfile
 from collections.abc import Sequence
 
+from ..errors import BadInput
 from ..report.status_model import ImageStatus
-from ..status.bytecode import cache_tag
+from ..status.bytecode import cache_tag, compare, interpreter_for
 from ..targets.layers import LayerView
 from ..targets.layers.new_layer import LayerEntry, layer_entries
 from ..targets.views.site_files import SiteFiles
@@ -43,19 +46,6 @@ MAGIC = {"3.8": 3413, "3.9": 3425, "3.10": 3439, "3.11": 3495, "3.12": 3531, "3.
 def magic_of(minor: str) -> bytes | None:
     number = MAGIC.get(minor)
     return None if number is None else number.to_bytes(2, "little") + b"\r\n"
-
-
-def host_minor() -> str:
-    """This host's Python, as "3.11": where it is the image's, status/bytecode.py recompiles the
-    patched modules' bytecode and compares it; elsewhere only the header is checked."""
-    return f"{sys.version_info[0]}.{sys.version_info[1]}"
-
-
-def not_recompiled(minor: str | None) -> str | None:
-    """The note a run whose bytecode was not recompiled here gives (None: it was)."""
-    if minor is None or minor == host_minor():
-        return None
-    return f"bytecode checked by its embedded source hashes, not recompiled (this host's Python is not the image's {minor})"
 
 
 def _first_finding(row: ImageStatus) -> str:
@@ -143,34 +133,51 @@ def _expected(claim: Claim) -> tuple[set[str], list[str]]:
     return allowed, pycs
 
 
-def prove_bytecode(claim: Claim, layer: bytes, entries: Sequence[LayerEntry]) -> int:
+def prove_bytecode(claim: Claim, layer: bytes, entries: Sequence[LayerEntry], python: str | None) -> int:
     """Each .pyc in the layer: the image's Python's checked-hash bytecode of the patched source
-    beside it (by the source hash in its header). Returns how many were checked."""
+    beside it (by the source hash in its header), and its code what an interpreter of the image's
+    minor compiles from that source (recompiled here and compared; a header is not a proof).
+    `python`: the user's --python. Returns how many were proven."""
     magic = magic_of(claim.python_minor)
     if magic is None:
         raise refuse(f"the report's Python {claim.python_minor} is not one whose bytecode this dspark-patch knows",
                      hint="publish with a dspark-patch that knows it")
     files = {e.path for e in entries if not e.folder and not e.deleted}
+    pycs = sorted(p for p in files if p.endswith(".pyc"))
+    if not pycs:
+        return 0   # uv's shape with no bytecode written: nothing to recompile
+    interpreter = interpreter_for(magic, claim.python_minor, python)
+    if interpreter is None:
+        if python is not None:
+            raise BadInput(f"--python {python} is not an interpreter of Python {claim.python_minor} (the image's)",
+                           hint=f"name a python{claim.python_minor} that runs on this host")
+        raise refuse(f"the layer holds Python {claim.python_minor} bytecode, and this host has no Python "
+                     f"{claim.python_minor} to recompile it (its header alone proves nothing)",
+                     hint=f"name one with --python PATH, or publish from a host with python{claim.python_minor}")
+    items = []
     with tarfile.open(fileobj=io.BytesIO(layer), mode="r:") as tar:   # the strict reader has read it already
         def body(path: str) -> bytes:
             member = tar.extractfile(path.lstrip("/"))
             assert member is not None
             return member.read()
 
-        checked = 0
-        for path in sorted(p for p in files if p.endswith(".pyc")):
+        for path in pycs:
             folder, _, name = path.rpartition("/")
             source = f"{folder.rpartition('/')[0]}/{name.split('.', 1)[0]}.py"
             pyc = body(path)
             flags = int.from_bytes(pyc[4:8], "little") if len(pyc) >= 16 else -1
-            if pyc[:4] != magic or not flags & 0b1:
+            if pyc[:4] != magic or not flags & 0b1 or ".opt-" in name:
                 raise refuse(f"{path} in the layer is not checked-hash bytecode of Python {claim.python_minor}",
                              hint="publish the layer the in-image run wrote, unchanged")
             if source not in files or pyc[8:16] != _imp.source_hash(int.from_bytes(magic, "little"), body(source)):
                 raise refuse(f"{path} in the layer embeds the hash of another source than {source}",
                              hint="publish the layer the in-image run wrote, unchanged")
-            checked += 1
-    return checked
+            items.append({"source": body(source), "pyc": pyc, "filename": source, "opt": 0, "checked": bool(flags & 0b10)})
+    for path, why in zip(pycs, compare(items, interpreter), strict=True):
+        if why:
+            raise refuse(f"{path} in the layer is not its source's code as Python {claim.python_minor} compiles it "
+                         f"(recompiled here and compared: {why})", hint="publish the layer the in-image run wrote, unchanged")
+    return len(pycs)
 
 
 def prove_result(claim: Claim, site: SiteFiles, row: ImageStatus, dest: str) -> None:

@@ -28,7 +28,8 @@ from ..targets.caches.scans import ScanCache
 from ..targets.layers import RetainPredicate, scan_layer
 from ..targets.views.from_layers import find_site, merge_scans, status_retain
 from .claim import Claim, read_claim, refuse
-from .proofs import not_recompiled, prove_bytecode, prove_layer, prove_result, prove_source
+from .headers import prove_headers
+from .proofs import prove_bytecode, prove_layer, prove_result, prove_source
 
 # The largest layer file publish reads: a layer of patched files and their bytecode is kilobytes
 # to a few megabytes; anything near this is not one.
@@ -54,6 +55,7 @@ class PublishRequest:
     cache_max: int | None = None  # the scan cache's bound (None: the environment's, or 1 GiB)
     sign_key: str | None = None  # sign the statement of the published image(s) and attach it as a referrer
     allow_open_key: bool = False  # a sign key group or others may read
+    python: str | None = None    # an interpreter of the image's Python minor, to recompile its bytecode
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -109,7 +111,8 @@ def publish(request: PublishRequest) -> Published:
     index = parse_index(top) if top.is_index else None
     chosen = _pairs(index, request.pairs, str(src))
     prepared = [_prepare(reader, registry, src, dest, registry.fetch_platform(index, platform) if index and platform
-                         else top, pair, reports[pair.report], platform, patchsets, retain) for platform, pair in chosen]
+                         else top, pair, reports[pair.report], platform, patchsets, retain, request.python)
+                for platform, pair in chosen]
 
     if signer is not None and any(one.report.series for one in prepared):
         raise BadInput("--sign-key attests one patch set, and this report is of a series (which has no attestation yet)",
@@ -192,7 +195,7 @@ def _pairs(index: ImageIndex | None, pairs: tuple[LayerPair, ...], src: str) -> 
 
 def _prepare(reader: LayerReader, registry: Registry, src: ImageRef, dest: ImageRef, manifest: Manifest,
              pair: LayerPair, report: AuditReport, platform: Platform | None, patchsets: list[PatchSet],
-             retain: RetainPredicate) -> _Prepared:
+             retain: RetainPredicate, python: str | None) -> _Prepared:
     """Prove one run's report and layer against one image of the source, and compose its result."""
     where = f"{src}" if platform is None else f"{src} ({platform})"
     claim = read_claim(report, str(pair.report))
@@ -204,14 +207,12 @@ def _prepare(reader: LayerReader, registry: Registry, src: ImageRef, dest: Image
     site = find_site(view, DISTRIBUTION, config.config, where)
     prove_source(claim, view, site, row_from_site(where, site, patchsets), where)
     entries = prove_layer(claim, layer, view)
-    checked = prove_bytecode(claim, layer, entries)
+    prove_headers(claim, entries, scans)
+    checked = prove_bytecode(claim, layer, entries, python)
     after = merge_scans([*scans, scan_layer(io.BytesIO(layer), where="the new layer", retain=retain)],
                         where=f"image {dest}")
     site_after = find_site(after, DISTRIBUTION, config.config, str(dest))
     prove_result(claim, site_after, row_from_site(str(dest), site_after, patchsets), str(dest))
-    # status/bytecode.py recompiled the patched modules' bytecode when this host's Python is the image's
-    note = not_recompiled(claim.python_minor)
-    recompiled = 0 if note else checked
     labelled = _with_source(report, where if platform is None else source_ref, config.digest)
     labels = labels_of_report(labelled, report.tool_version)
     created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -220,8 +221,8 @@ def _prepare(reader: LayerReader, registry: Registry, src: ImageRef, dest: Image
     blob = gzip_layer(layer)
     return _Prepared(platform=None if platform is None else str(platform), source=manifest, source_ref=source_ref,
                      manifest=append_manifest(manifest, config=new_config, layer_blob=blob), config=new_config,
-                     blob=blob, layer_size=len(layer), checked=checked, recompiled=recompiled,
-                     report=replace(labelled, labels=labels), notes=(note,) if note else ())
+                     blob=blob, layer_size=len(layer), checked=checked, recompiled=checked,
+                     report=replace(labelled, labels=labels), notes=())
 
 
 def _final_report(prepared: list[_Prepared], index: ImageIndex | None, images: dict[Platform, Manifest],

@@ -19,6 +19,7 @@ The probe needs the image's interpreter, so it does not run (said as a skipped s
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -54,7 +55,6 @@ from ..targets.base import Distribution
 from ..targets.views.from_layers import find_site, merge_scans, status_retain
 from ..targets.views.site_files import SiteFiles
 from .claim import reviewed_files
-from .proofs import not_recompiled
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -190,7 +190,7 @@ def _verify(request: RegistryVerifyRequest, run: RunLog, reader: LayerReader, re
         problems += [f"patch set {other} is applied too, and is not in the series" for other, state in row.patch_sets
                      if state == "applied" and other not in ids and not _explained(other, final, patchsets, site.release)]
         problems += _row_problems(row)
-    note = not_recompiled(site.python)
+    note = _not_recompiled(site.python)
     if note:
         run.notes.append(note)
 
@@ -320,3 +320,10 @@ def _integrity(row: ImageStatus, site: SiteFiles) -> IntegrityReport:
                            record_disagrees=row.record_disagrees, unverified=row.unverified,
                            stale_bytecode=row.bytecode, installer_metadata=row.installer_metadata,
                            installer_findings=row.installer_findings)
+
+
+def _not_recompiled(minor: str | None) -> str | None:
+    """The note a run whose bytecode was not recompiled here gives (None: it was)."""
+    if minor is None or minor == f"{sys.version_info[0]}.{sys.version_info[1]}":
+        return None
+    return f"bytecode checked by its embedded source hashes, not recompiled (this host's Python is not the image's {minor})"

@@ -62,8 +62,36 @@ print(json.dumps(out))
 """
 
 
-def _compare(items: list[dict]) -> list[str]:
-    """Per item: '' when the .pyc holds its source's code, else why not (see _COMPARE)."""
+def magic_of(python: str) -> bytes | None:
+    """The bytecode magic number (importlib.util.MAGIC_NUMBER) of the interpreter at `python`,
+    asked of it in a fresh isolated process; None where it does not run or answer."""
+    import subprocess
+
+    try:
+        done = subprocess.run([python, "-I", "-S", "-B", "-c", "import importlib.util as u; print(u.MAGIC_NUMBER.hex())"],
+                              capture_output=True, text=True, timeout=60, cwd="/", check=False)
+        return bytes.fromhex(done.stdout.strip()) if done.returncode == 0 else None
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return None
+
+
+def interpreter_for(magic: bytes, minor: str, named: str | None = None) -> str | None:
+    """An interpreter on this host whose bytecode is `magic`'s (Python `minor`): this host's own,
+    else `named` (the user's --python, which must be one), else `python<minor>` on PATH."""
+    import shutil
+    import sys
+
+    if importlib.util.MAGIC_NUMBER == magic:
+        return sys.executable
+    if named is not None:
+        return named if magic_of(named) == magic else None
+    found = shutil.which(f"python{minor}")
+    return found if found is not None and magic_of(found) == magic else None
+
+
+def compare(items: list[dict], python: str | None = None) -> list[str]:
+    """Per item (source, pyc, filename, opt, checked): '' when the .pyc holds its source's code as
+    `python` (default: this host's) compiles it, else why not (see _COMPARE)."""
     import base64
     import json
     import subprocess
@@ -74,7 +102,7 @@ def _compare(items: list[dict]) -> list[str]:
     payload = json.dumps([{**i, "source": base64.b64encode(i["source"]).decode(), "pyc": base64.b64encode(i["pyc"]).decode()}
                           for i in items])
     try:
-        done = subprocess.run([sys.executable, "-I", "-S", "-B", "-c", _COMPARE], input=payload.encode(),
+        done = subprocess.run([python or sys.executable, "-I", "-S", "-B", "-c", _COMPARE], input=payload.encode(),
                               capture_output=True, timeout=300, cwd="/")
         result = json.loads(done.stdout)
         if done.returncode == 0 and isinstance(result, list) and len(result) == len(items):
@@ -122,7 +150,7 @@ def check(site: SiteFiles) -> BytecodeCheck:
                 not_verified += 1
         else:
             findings.append(f"{pyc}: bytecode header with unknown flags {flags:#x}")
-    for (pyc, source, _), why in zip(to_compare, _compare([item for _, _, item in to_compare]), strict=True):
+    for (pyc, source, _), why in zip(to_compare, compare([item for _, _, item in to_compare]), strict=True):
         if why:
             findings.append(f"{pyc}: its code is not {source}'s (recompiled here and compared: {why})")
         else:

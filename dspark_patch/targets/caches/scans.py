@@ -44,7 +44,7 @@ from . import cachedir, seal
 ENV_ROOT = cachedir.ENV_ROOT
 ENV_MAX = "DSPARK_PATCH_CACHE_MAX"
 DEFAULT_MAX = 1 << 30
-MAGIC = b"dspark-patch layer scan 2\n"
+MAGIC = b"dspark-patch layer scan 3\n"
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 _SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
 
@@ -189,11 +189,19 @@ def _encode(scan: LayerScan, identity: str, diff_id: str, name: str) -> bytes | 
     others = array.array("Q", sorted(k for k, v in scan.present.items() if not v))
     document = {"identity": identity, "diff_id": diff_id, "where": scan.where, "entries": entries,
                 "whiteouts": sorted(scan.whiteouts), "opaques": sorted(scan.opaques),
-                "folders": _b64(folders.tobytes()), "others": _b64(others.tobytes())}
+                "folders": _b64(folders.tobytes()), "others": _b64(others.tobytes()),
+                "owners": _owner_columns(scan.owners)}
     payload = zlib.compress(json.dumps(document, separators=(",", ":"), ensure_ascii=False,
                                        ).encode("utf-8", "surrogateescape"), 6)
     sealed = seal.wrap("scans", name, payload)
     return None if sealed is None else MAGIC + sealed
+
+
+def _owner_columns(owners: Mapping[int, tuple[int, int, int]]) -> list[str | None]:
+    """path keys, modes, uids, gids: four packed arrays (a layer's folders are thousands)."""
+    rows = sorted((k, *v) for k, v in owners.items())
+    columns = list(zip(*rows, strict=True)) or [(), (), (), ()]
+    return [_b64(array.array(code, column).tobytes()) for code, column in zip("QHII", columns, strict=True)]
 
 
 def _decode(raw: bytes, identity: str, diff_id: str, name: str) -> LayerScan | None:
@@ -215,8 +223,11 @@ def _decode(raw: bytes, identity: str, diff_id: str, name: str) -> LayerScan | N
                                   too_large=bool(too_large))
         present: dict[int, bool] = dict.fromkeys(array.array("Q", _unb64(document["others"]) or b""), False)
         present.update(dict.fromkeys(array.array("Q", _unb64(document["folders"]) or b""), True))
+        keys, modes, uids, gids = (array.array(code, _unb64(column) or b"")
+                                   for code, column in zip("QHII", document["owners"], strict=True))
+        owners = {k: (m, u, g) for k, m, u, g in zip(keys, modes, uids, gids, strict=True)}
         return LayerScan(where=str(document["where"]), entries=entries, whiteouts=frozenset(document["whiteouts"]),
-                         opaques=frozenset(document["opaques"]), present=present)
+                         opaques=frozenset(document["opaques"]), present=present, owners=owners)
     except (ValueError, KeyError, TypeError, zlib.error, UnicodeError):
         return None
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import bisect
 import posixpath
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -117,6 +117,19 @@ def merge(scans: Iterable[LayerScan], *, where: str = "the image") -> LayerView:
         if depth + 1 < len(stack):  # the views of lower layers alone: what another image may share
             _remember(stack[:depth + 1], view, above)
     return LayerView(entries=view, where=where)
+
+
+def owner(scans: Sequence[LayerScan], path: str) -> tuple[int, int, int] | None:
+    """(mode, uid, gid) of the root-relative `path` as the engine presents it: the topmost
+    member at it (over a folder, overlayfs shows the upper folder's); None where no layer holds
+    it, a layer above hides it, or its member was neither a folder nor kept."""
+    key, folders = path_key(path), ancestors(path)
+    for scan in reversed(scans):
+        if key in scan.present:
+            return scan.owners.get(key)
+        if path in scan.whiteouts or any(f in scan.whiteouts or f in scan.opaques for f in folders):
+            return None
+    return None
 
 
 _MERGED_KEPT = 8

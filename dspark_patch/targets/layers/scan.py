@@ -23,7 +23,7 @@ from __future__ import annotations
 import functools
 import hashlib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import BinaryIO, Literal
 
 from ..views.facts import read_facts
@@ -60,6 +60,9 @@ class LayerScan:
     whiteouts: frozenset[str]               # paths a `.wh.NAME` removes from lower layers (with all below)
     opaques: frozenset[str]                 # folders whose lower contents `.wh..wh..opq` hides
     present: Mapping[int, bool]             # path_key(path) -> folder?, for every member and folder implied by one
+    # path_key(path) -> (mode, uid, gid) as written, for every folder member and every kept member:
+    # what a layer that rewrites such a path must keep (publish derives a layer's headers from it)
+    owners: Mapping[int, tuple[int, int, int]] = field(default_factory=dict)
 
 
 @functools.lru_cache(maxsize=1 << 18)
@@ -91,6 +94,7 @@ def scan_layer(fileobj: BinaryIO, *, where: str, retain: RetainPredicate, limits
     whiteouts: set[str] = set()
     opaques: set[str] = set()
     replaced: dict[str, int] = {}          # folder path -> index of the non-folder that replaced it
+    owners: dict[int, tuple[int, int, int]] = {}
     for member in tar:
         path = f"{prefix}/{member.name}" if prefix and member.name else member.name
         if not path:
@@ -130,6 +134,9 @@ def scan_layer(fileobj: BinaryIO, *, where: str, retain: RetainPredicate, limits
         present[h] = is_dir
         for f in above:
             present.setdefault(path_key(f), True)
+        owners.pop(h, None)
+        if is_dir:
+            owners[h] = (member.mode & 0o7777, member.uid, member.gid)
         if member.kind == "symlink":
             entries[path] = Entry("symlink", target=member.linkname)
             order[path] = member.index
@@ -146,6 +153,7 @@ def scan_layer(fileobj: BinaryIO, *, where: str, retain: RetainPredicate, limits
         wanted = retain(path, member.kind)
         if not wanted:
             continue
+        owners[h] = (member.mode & 0o7777, member.uid, member.gid)
         order[path] = member.index
         if member.kind == "dir":
             entries[path] = Entry("dir")
@@ -181,4 +189,4 @@ def scan_layer(fileobj: BinaryIO, *, where: str, retain: RetainPredicate, limits
         for path in [p for p in entries if any(order[p] < replaced.get(a, -1) for a in ancestors(p))]:
             del entries[path]
     return LayerScan(where=where, entries=entries, whiteouts=frozenset(whiteouts), opaques=frozenset(opaques),
-                     present=present)
+                     present=present, owners=owners)
