@@ -61,12 +61,14 @@ def new(
                            out=None if out is None else str(out)))
     if as_json:
         output.print_json(json.dumps({"folder": str(made.folder), "release": made.release, "requires": list(made.requires),
-                                      "files": [{"path": p, "action": a} for p, a in made.files]}, indent=2))
+                                      "files": [{"path": p, "action": a} for p, a in made.files],
+                                      "notes": list(made.notes)}, indent=2))
         return
     lines = [f"wrote {made.folder} (vllm {made.release}, unreviewed)"]
     if made.requires:
         lines.append(f"requires {', '.join(made.requires)} (already applied in the tree)")
     lines += [f"  {action:6} {path}" for path, action in made.files]
+    lines += [f"note: {note}" for note in made.notes]
     lines.append("read its diff, describe it in patch.toml, then set review = \"reviewed\"")
     output.print_text("\n".join(lines))
 

@@ -3,12 +3,15 @@ as patch-package makes a patch from an edited node_modules.
 
 The tree is compared with the published wheel of its release (the reference `verify` uses: the
 wheel file given must be that very wheel, every file taken from it checked against it). Known
-patch sets already applied there are noticed (series.state_of): a file one of them changes is
-diffed from that set's result, and the set is recorded in `requires`, so the new set's
-`pre_sha256` is the hash after it, as a series needs. Added and deleted files are kept; bytecode
-is not part of a patch; a binary file is refused. The result is `OUT/ID/patch.toml` and the
-release's diff, `review = "unreviewed"` (a person reads it and marks it reviewed), checked to
-load back and to reproduce the tree from the wheel, in the series it requires, before it stays.
+patch sets already in the tree are found hunk by hunk (pipeline/new_found.py), also where the
+edit went on inside their hunks' context: a file one of them changes is diffed from that set's
+result, and the set is recorded in `requires`, so the new set's `pre_sha256` is the hash after
+it, as a series needs. A known set with no variant for the tree's release is left out, with a
+note. Added and deleted files are kept; bytecode is not part of a patch; a binary file, or a
+file name that is not UTF-8, is refused. The result is `OUT/ID/patch.toml` and the release's
+diff, `review = "unreviewed"` (a person reads it and marks it reviewed), written as a pair or
+not at all, and checked to load back and to reproduce the tree from the wheel, in the series it
+requires, before it stays.
 """
 
 from __future__ import annotations
@@ -21,16 +24,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import ownfiles, references
-from ..errors import BadInput, DsparkPatchError, HunkDoesNotApply, InvalidPatchSet, TargetNotFound, UnsafePatch
-from ..patching.diff import Diff, parse_diff
-from ..patching.plan import plan_one_way
+from ..errors import BadInput, EnvironmentProblem, InvalidPatchSet, TargetNotFound, UnsafePatch
+from ..patching.diff import parse_diff
 from ..patching.series_plan import plan_series
 from ..patchset import DIFF_LIMIT, PatchSet, available, is_id, load_dir
 from ..porting.variant import CandidateFile, make_diff
 from ..references.fetch import fetched_wheel
-from ..series import state_of
 from ..targets.views.from_folder import read_site
 from ..targets.views.site_files import SiteFiles
+from . import new_found
 
 DISTRIBUTION = "vllm"
 
@@ -50,6 +52,7 @@ class NewSet:
     release: str
     requires: tuple[str, ...]
     files: tuple[tuple[str, str], ...]    # (path, "modify" | "add" | "delete")
+    notes: tuple[str, ...] = ()           # known sets left out or found only in part
 
 
 def make(request: NewRequest) -> NewSet:
@@ -91,13 +94,16 @@ def _make(request: NewRequest, out: Path, site: SiteFiles, contents: Callable[[l
 def _from_wheel(request: NewRequest, out: Path, site: SiteFiles, contents: Callable[[list[str]], Mapping[str, bytes]],
                 ref: references.Reference, wheel: _Wheel) -> NewSet:
     owned = {p.split("/", 1)[0] for p in ref.files if "/" in p and not p.split("/", 1)[0].endswith((".dist-info", ".data"))}
-    known = [p for p in available() if not p.is_bare]
+    known, notes = new_found.for_release([p for p in available() if not p.is_bare], site.release)
     # Every file that is not the wheel's, and every file a known set changes: read once.
     wanted = {p for p, h in site.hashes.items() if p.split("/", 1)[0] in owned and _source(p)
               and ref.files.get(p, ("",))[0] != h}
+    for path in sorted(wanted):
+        _utf8_name(path)
     wanted |= {p for k in known for p in _files(k, site.release) if p in site.hashes}
     tree = contents(sorted(wanted))
-    applied = _applied(known, tree, site.hashes, site.release)
+    found = new_found.carried(known, tree, site.hashes, site.release)
+    applied = list(found.sets)
     chain = _chain_result(applied, wheel, site.release)          # the files the applied sets give
     changes: dict[str, tuple[bytes | None, bytes | None]] = {}
     paths = sorted({p for p in (*ref.files, *site.hashes, *chain) if p.split("/", 1)[0] in owned and _source(p)})
@@ -109,6 +115,7 @@ def _from_wheel(request: NewRequest, out: Path, site: SiteFiles, contents: Calla
         after = tree.get(path) if now is not None else None
         if now is not None and (after is None or _sha(after) != now):
             raise BadInput(f"{path} changed while it was read", hint="run new again on a tree nobody is editing")
+        _utf8_name(path)
         _text(path, before)
         _text(path, after)
         changes[path] = (before, after)
@@ -117,11 +124,13 @@ def _from_wheel(request: NewRequest, out: Path, site: SiteFiles, contents: Calla
         raise BadInput(f"{request.root or request.image} has no change beyond the published wheel {ref.wheel}{carried}: "
                        "nothing to make", hint="edit the installed files first, then run new on that tree")
     requires = tuple(p.id or "" for p in applied if set(_files(p, site.release)) & set(changes))
-    folder = _write(out, request.id, site.release, requires, changes)
-    _check(folder, applied, changes, chain, wheel, site.release)
+    diff, toml = _set_files(request.id, site.release, requires, changes)
+    folder = _write(out, request.id, site.release, (diff, toml),
+                    lambda made: _check(made, changes, chain, wheel, site.release))
     return NewSet(folder=folder, release=site.release, requires=requires,
                   files=tuple((p, "add" if b is None else "delete" if a is None else "modify")
-                              for p, (b, a) in sorted(changes.items())))
+                              for p, (b, a) in sorted(changes.items())),
+                  notes=(*notes, *found.notes))
 
 
 def _out_folder(out: str | None) -> Path:
@@ -158,40 +167,6 @@ class _Wheel:
                            hint=f"give the published wheel {self._ref.wheel} (pip download --no-deps "
                                 f"{self._ref.distribution}=={self._ref.release})")
         return data
-
-
-def _applied(known: list[PatchSet], tree: Mapping[str, bytes], hashes: Mapping[str, str],
-             release: str) -> list[PatchSet]:
-    """The known patch sets applied in the tree, in an order their `requires` allow. A set counts
-    as applied when each of its files is its reviewed post-image, or holds every one of its hunks
-    at zero fuzz (the edit being made went on over it)."""
-    applied = [p for p in known
-               if state_of(p, hashes, release, known) == "applied" or _under_the_edit(p, tree, hashes, release)]
-    ordered: list[PatchSet] = []
-    while applied:
-        ids = {a.id for a in applied}
-        ready = [p for p in applied if not set(p.requires) & ids]
-        if not ready:
-            break
-        ordered.append(ready[0])
-        applied.remove(ready[0])
-    return ordered
-
-
-def _under_the_edit(patchset: PatchSet, tree: Mapping[str, bytes], hashes: Mapping[str, str], release: str) -> bool:
-    try:
-        variant = patchset.variant_for(release)
-        diff = parse_diff(variant.diff, strip=patchset.strip)
-    except DsparkPatchError:
-        return False
-    for fp in diff.files:
-        if hashes.get(fp.path) == variant.files[fp.path].post_sha256:
-            continue
-        try:
-            plan_one_way(Diff(files=(fp,), sha256=diff.sha256), tree.get, reverse=True)
-        except HunkDoesNotApply:
-            return False
-    return True
 
 
 def _files(patchset: PatchSet, release: str) -> Mapping[str, object]:
@@ -232,8 +207,28 @@ def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _write(out: Path, pid: str, release: str, requires: tuple[str, ...],
-           changes: Mapping[str, tuple[bytes | None, bytes | None]]) -> Path:
+def _utf8_name(path: str) -> None:
+    """A patch set names its files in UTF-8 (patch.toml is TOML, the diff's headers are read so),
+    one name to a header line."""
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        shown = path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        raise BadInput(f"{shown}: the file name is not UTF-8; a patch set names its files in UTF-8",
+                       hint="rename the file in the tree (or remove it), then run new again") from None
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in path):
+        raise BadInput(f"{path!r}: the file name holds a control character; a diff cannot name it",
+                       hint="rename the file in the tree (or remove it), then run new again")
+
+
+def _quote(text: str) -> str:
+    """A TOML basic string (the name checked by `_utf8_name`; quote and backslash escaped)."""
+    return '"' + "".join(f"\\u{ord(c):04x}" if c in '"\\' else c for c in text) + '"'
+
+
+def _set_files(pid: str, release: str, requires: tuple[str, ...],
+               changes: Mapping[str, tuple[bytes | None, bytes | None]]) -> tuple[bytes, bytes]:
+    """The diff and patch.toml, as bytes: all made before anything is written."""
     diff = make_diff(tuple(CandidateFile(path=p, pre=b, post=a) for p, (b, a) in sorted(changes.items())))
     name = f"{DISTRIBUTION}-{release}"
     lines = [f'id = "{pid}"', f'title = "{pid}"',
@@ -244,33 +239,45 @@ def _write(out: Path, pid: str, release: str, requires: tuple[str, ...],
     lines += ["", "[[variants]]", f'name = "{name}"', f'releases = ["{release}"]', f'diff = "{name}.patch"',
               'review = "unreviewed"']
     for path, (before, after) in sorted(changes.items()):
-        lines += ["", f'[variants.files."{path}"]']
+        lines += ["", f"[variants.files.{_quote(path)}]"]
         if before is not None:
             lines.append(f'pre_sha256 = "{_sha(before)}"')
         if after is not None:
             lines.append(f'post_sha256 = "{_sha(after)}"')
-    with ownfiles.open_folder(out) as parent:
-        with parent.sub(pid) as folder:
-            folder.write(f"{name}.patch", diff, new=True)
-            folder.write("patch.toml", ("\n".join(lines) + "\n").encode(), new=True)
+    return diff, ("\n".join(lines) + "\n").encode("utf-8")
+
+
+def _write(out: Path, pid: str, release: str, files: tuple[bytes, bytes], check: Callable[[Path], None]) -> Path:
+    """The diff and patch.toml as a pair or not at all: the folder is made here (one that is
+    there already is refused), both files go in under temporary names renamed into place together
+    (ownfiles' write_set), and the set is checked where it lies; any failure removes the folder."""
+    diff, toml = files
+    with ownfiles.open_folder(out) as parent, parent.sub(pid) as folder:
+        if not folder.made:
+            raise BadInput(f"{out / pid} exists already; a new patch set never overwrites one",
+                           hint="choose another id, or remove that folder")
+        try:
+            folder.write_set([(f"{DISTRIBUTION}-{release}.patch", diff), ("patch.toml", toml)])
+            check(out / pid)
+        except BaseException as exc:
+            parent.remove_tree(pid)
+            if isinstance(exc, OSError):
+                raise EnvironmentProblem(f"cannot write {out / pid}: {exc.strerror or exc}; nothing was kept",
+                                         hint="check that the folder is writable and has room") from None
+            raise
     return out / pid
 
 
-def _check(folder: Path, applied: list[PatchSet], changes: Mapping[str, tuple[bytes | None, bytes | None]],
+def _check(folder: Path, changes: Mapping[str, tuple[bytes | None, bytes | None]],
            chain: Mapping[str, bytes | None], wheel: _Wheel, release: str) -> None:
     """The written set loads back and, placed on the wheel after the sets it requires, gives the
-    tree's files: else it is removed again (a bug here must not leave a set that lies)."""
-    try:
-        made = load_dir(folder)
-        variant = made.variant_for(release)
-        diff = parse_diff(variant.diff, strip=made.strip)
-        start = {path: chain[path] if path in chain else (wheel.read(path) if wheel.has(path) else None)
-                 for path in changes}
-        plan = plan_series([(made.id or "", diff)], start.get)
-        if {f.path: f.post for f in plan.combined.files} != {p: a for p, (_b, a) in changes.items()}:
-            raise InvalidPatchSet(f"{folder}: the written diff does not reproduce the tree",
-                                  hint="this is a bug in dspark-patch new; nothing was kept")
-    except BaseException:
-        with ownfiles.open_folder(folder.parent) as parent:
-            parent.remove_tree(folder.name)
-        raise
+    tree's files (else `_write` removes it again: a bug here must not leave a set that lies)."""
+    made = load_dir(folder)
+    variant = made.variant_for(release)
+    diff = parse_diff(variant.diff, strip=made.strip)
+    start = {path: chain[path] if path in chain else (wheel.read(path) if wheel.has(path) else None)
+             for path in changes}
+    plan = plan_series([(made.id or "", diff)], start.get)
+    if {f.path: f.post for f in plan.combined.files} != {p: a for p, (_b, a) in changes.items()}:
+        raise InvalidPatchSet(f"{folder}: the written diff does not reproduce the tree",
+                              hint="this is a bug in dspark-patch new; nothing was kept")
