@@ -34,6 +34,7 @@ from dspark_patch.report.status_model import ImageStatus
 from dspark_patch.status.fleet import _error_row, row_from_site
 from dspark_patch.targets.docker.save_views import views_from_save
 from dspark_patch.targets.layers import LayerView, Limits, merge, scan_layer
+from dspark_patch.targets.layers.scan import path_key
 from dspark_patch.targets.views.from_layers import find_site, status_retain
 from tests.support import hostile, oci, vllm
 from tests.support.cli import run
@@ -671,3 +672,24 @@ def test_a_header_summed_as_signed_bytes_is_read_like_tarfile_and_go_read_it() -
     assert list(scan.entries) == ["é.py"]
     with tarfile.open(fileobj=io.BytesIO(bytes(block) + bytes(1024)), mode="r|") as tar:
         assert [m.name for m in tar] == ["é.py"]
+
+
+@pytest.mark.parametrize("record", ["SCHILY.xattr.trusted.overlay.opaque", "LIBARCHIVE.xattr.trusted.overlay.opaque",
+                                    "SCHILY.xattr.trusted.overlay.redirect", "SCHILY.xattr.user.overlay.opaque"])
+def test_an_overlay_xattr_on_a_folder_is_refused(record: str) -> None:
+    # overlay2 applies the xattr when it unpacks the layer: `vllm/` made opaque hides every file
+    # the lower layers hold under it, which no reader of the layers would see.
+    data = hostile.layer([hostile.Raw(hostile.pax({record: "y"})), Dir(f"{SITE}/vllm"),
+                          File(f"{SITE}/vllm/__init__.py", b"")])
+    with pytest.raises(HostileLayer, match="an overlayfs xattr"):
+        scan_layer(io.BytesIO(data), where="layer L", retain=status_retain("vllm"))
+
+
+def test_other_xattrs_are_read_and_their_owner_kept() -> None:
+    # an xattr the engine keeps as it is (a capability, an SELinux label) is no reader differential;
+    # the folder's mode and owner are what a layer over it must keep (publish, verify --via registry)
+    data = hostile.layer([hostile.Raw(hostile.pax({"SCHILY.xattr.security.selinux": "x", "uid": "2000"})),
+                          Dir(f"{SITE}/vllm"), File(f"{SITE}/vllm/envs.py", b"x = 1\n")])
+    scan = scan_layer(io.BytesIO(data), where="layer L", retain=status_retain("vllm", ("vllm/envs.py",)))
+    assert scan.owners[path_key(f"{SITE}/vllm")][1] == 2000
+    assert f"{SITE}/vllm/envs.py" in scan.entries

@@ -182,14 +182,15 @@ def _built(tmp_path: Path, dockerfile: str, files: dict[str, bytes] | None = Non
     for name, data in (files or {}).items():
         (context / name).write_bytes(data)
     tag = f"dspark-patch-test/publish-crafted:{uuid.uuid4().hex[:10]}"
-    argv = ["docker", "build", "-q", "-t", tag, *(a for k, v in (labels or {}).items() for a in ("--label", f"{k}={v}")),
+    argv = ["docker", "build", "-q", "--network", "none", "-t", tag, *(a for k, v in (labels or {}).items() for a in ("--label", f"{k}={v}")),
             str(context)]
     subprocess.run(argv, check=True, capture_output=True)
     return tag
 
 
 @pytest.mark.parametrize("case", ["the source, unpatched", "the source under forged labels",
-                                  "a file put on top of the published image"])
+                                  "a file put on top of the published image",
+                                  "vllm/ handed to another user on top of the published image"])
 def test_verify_via_registry_fails_an_image_that_does_not_carry_exactly_the_patch(
         case: str, login_registry, sources: dict[str, str], published, tmp_path: Path) -> None:
     address, config, _ = login_registry
@@ -206,6 +207,11 @@ def test_verify_via_registry_fails_an_image_that_does_not_carry_exactly_the_patc
             subprocess.run(["docker", "--config", str(config), "pull", "-q", dest], check=True, capture_output=True)
             local = _built(tmp_path, f"FROM {dest}\nCOPY extra.py {SITE}/vllm/extra.py\n",
                            {"extra.py": b"print('not reviewed')\n"})
+        elif case == "vllm/ handed to another user on top of the published image":
+            # a top layer of only vllm/'s folder entry, owned by 1234 and writable by all: the
+            # paths are those a layer of ours holds, its header is not what apply writes
+            subprocess.run(["docker", "--config", str(config), "pull", "-q", dest], check=True, capture_output=True)
+            local = _built(tmp_path, f"FROM {dest}\nUSER root\nRUN chown 1234:1234 {SITE}/vllm && chmod 0777 {SITE}/vllm\n")
         if local is not None:
             ref = f"{address}/team/crafted:{uuid.uuid4().hex[:10]}"
             push_only_to_registry(local, ref, config)
@@ -214,6 +220,8 @@ def test_verify_via_registry_fails_an_image_that_does_not_carry_exactly_the_patc
         assert "does not carry exactly dspark-skip-mtp-buffer" in line
         if case == "a file put on top of the published image":
             assert "vllm/extra.py" in line and "top layer" in done.stdout + line
+        elif case.startswith("vllm/ handed"):
+            assert f"{SITE}/vllm in the top layer has mode 0777, owner 1234:1234, where apply writes mode 0755" in line
         else:
             assert "vllm/envs.py is not the series' post-image" in line
     finally:
@@ -316,7 +324,7 @@ BAD = {
     "bytecode of another source": (lambda out, tmp: _rewritten_layer(out, tmp, _other_bytecode), "hash of another source"),
     "an overlay opaque xattr on vllm/": (
         lambda out, tmp: _rewritten_layer(out, tmp, lambda m: _folder(m, _opaque_xattr)),
-        "carries the PAX record SCHILY.xattr.trusted.overlay.opaque"),
+        "PAX record SCHILY.xattr.trusted.overlay.opaque: an overlayfs xattr"),
     "vllm/ owned by another user, writable by all": (
         lambda out, tmp: _rewritten_layer(out, tmp, lambda m: _folder(m, _writable_by_all)),
         "has mode 0777, owner 1234:1234, where apply --image of the source would write mode 0755, owner 0:0"),

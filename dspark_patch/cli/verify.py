@@ -29,7 +29,7 @@ def verify(
     no_probe: common.NoProbeOpt = False,
     attestation: Annotated[bool, typer.Option("--attestation", help="Check the signed attestation attached to the image in its registry instead (needs --key): signature, subject digest, statement, predicate. Reads manifests and the envelope only; pulls no layer. For an index: the index and every platform (or --platform).")] = False,
     key: Annotated[Path | None, typer.Option("--key", help="With --attestation: the public key (PEM) the attestation must be signed with.")] = None,
-    via: Annotated[str, typer.Option("--via", help="How --image is read: auto (default: the engine; the registry when no engine answers and the image names its registry), engine, or registry (no engine: the image's layers straight from its registry, as `status --via registry` reads them; the probe does not run, and bytecode is recompiled only where this host's Python is the image's).")] = "auto",
+    via: Annotated[str, typer.Option("--via", help="How --image is read: auto (default: the engine; the registry when no engine answers and the image names its registry), engine, or registry (no engine: the image's layers straight from its registry, as `status --via registry` reads them; the probe does not run, and the patched modules' bytecode is recompiled by an interpreter of the image's Python minor: this host's, --python PATH (here a path on this host), or python3.X on PATH; with none, the run fails, exit 3).")] = "auto",
     cache_max: Annotated[str | None, typer.Option("--cache-max", help="With --via registry: bound of the layer-scan cache status uses (e.g. 2G; 0 turns it off).")] = None,
     report_dir: common.ReportDirOpt = None,
     junit: common.JunitOpt = None,
@@ -54,7 +54,8 @@ def verify(
         assert image is not None
         checked = verify_registry(RegistryVerifyRequest(
             ref=image, patches=tuple(patch or ()), series_file=None if series is None else str(series),
-            cache_max=parse_size(cache_max, "--cache-max") if cache_max is not None else None, no_engine=no_engine),
+            cache_max=parse_size(cache_max, "--cache-max") if cache_max is not None else None, no_engine=no_engine,
+            python=python),
             on_step=output.step_printer(not as_json))
         common.finish(checked, report_dir=report_dir, as_json=as_json, junit=junit)
     request = pipeline.VerifyRequest(target=common.target_spec(root, image, python, pull=pull, platform=platform),
@@ -74,7 +75,7 @@ def _via_registry(via: str, root: Path | None, image: str | None, python: str | 
     if via == "registry":
         if image is None or root is not None:
             raise BadInput("--via registry reads an image from its registry: give --image HOST[:PORT]/REPO:TAG, not --root")
-        for given, option in ((python, "--python"), (platform, "--platform"), (strip, "--strip")):
+        for given, option in ((platform, "--platform"), (strip, "--strip")):
             if given is not None:
                 raise BadInput(f"{option} is for the engine's verify; --via registry runs nothing of the image",
                                hint=f"drop {option}, or use --via engine")

@@ -87,7 +87,7 @@ def check_our_layer(layer: OurLayer, top: LayerScan | None, dist: Distribution) 
     if top is None:
         raise StackedLayer(f"the top layer of {layer.image_id[:19]} could not be read, so it cannot be told ours",
                            hint="apply to the image the dspark-patch layer was put on")
-    present, removed = _allowed(layer.files, dist)
+    present, removed = allowed(layer.files, dist)
     extra = set(top.present) - {path_key(p) for p in present}
     if extra or top.opaques or not set(top.whiteouts) <= removed:
         what = (f"{len(extra)} path(s)" if extra else "an opaque folder" if top.opaques
@@ -98,7 +98,7 @@ def check_our_layer(layer: OurLayer, top: LayerScan | None, dist: Distribution) 
             hint="apply to the image the dspark-patch layer was put on; a layer with other changes is never dropped")
 
 
-def _allowed(files: Mapping[str, str | None], dist: Distribution) -> tuple[set[str], set[str]]:
+def allowed(files: Mapping[str, str | None], dist: Distribution) -> tuple[set[str], set[str]]:
     """The paths (as a layer's tar names them: no leading '/') a layer of ours for `files` may
     hold, and those it may white out."""
     location = dist.location.strip("/")

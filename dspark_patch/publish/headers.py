@@ -16,12 +16,13 @@ Anything else is refused: a folder made world-writable, another owner, a setuid 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from ..targets.layers import LayerScan
 from ..targets.layers.merge import owner
 from ..targets.layers.new_layer import LayerEntry
-from .claim import Claim, refuse
+from ..targets.layers.scan import path_key
+from .claim import refuse
 
 PAX_WRITTEN = frozenset({"path", "mtime", "atime", "ctime", "size", "uid", "gid", "uname", "gname"})
 NEW_FOLDER = (0o755, 0, 0)
@@ -33,22 +34,37 @@ def _shown(owner: tuple[int, int, int]) -> str:
     return f"mode {owner[0]:04o}, owner {owner[1]}:{owner[2]}"
 
 
-def expected_owner(entry: LayerEntry, claim: Claim, scans: Sequence[LayerScan]) -> tuple[int, int, int]:
-    """What `apply --image` would write in this entry's header (mode, uid, gid)."""
-    path = entry.path.lstrip("/")
-    if entry.deleted:
+def expected_owner(path: str, *, folder: bool, deleted: bool, lower: Sequence[LayerScan]) -> tuple[int, int, int]:
+    """What `apply --image` writes in the header (mode, uid, gid) of the root-relative `path` of its
+    layer over the layers `lower`."""
+    if deleted:
         return NEW_FILE
-    if entry.folder:
-        return owner(scans, path) or NEW_FOLDER
+    if folder:
+        return owner(lower, path) or NEW_FOLDER
     if path.endswith(".pyc") and "/__pycache__/" in path:
-        folder, _, name = path.rpartition("/")
-        source = f"{folder.rpartition('/')[0]}/{name.split('.', 1)[0]}.py"
-        mode = (owner(scans, source) or NEW_FILE)[0]
+        above, _, name = path.rpartition("/")
+        source = f"{above.rpartition('/')[0]}/{name.split('.', 1)[0]}.py"
+        mode = (owner(lower, source) or NEW_FILE)[0]
         return (mode | 0o200) & 0o666 & ~UMASK, 0, 0
-    return owner(scans, path) or NEW_FILE
+    return owner(lower, path) or NEW_FILE
 
 
-def prove_headers(claim: Claim, entries: Sequence[LayerEntry], scans: Sequence[LayerScan]) -> None:
+def top_layer_owners(top: LayerScan, lower: Sequence[LayerScan], paths: Iterable[str]) -> list[str]:
+    """`verify --via registry`: each of `paths` (root-relative) the top layer holds, whose mode or
+    owner is not what `apply --image` writes over `lower`, as one problem line each."""
+    problems = []
+    for path in sorted(paths):
+        key = path_key(path)
+        got = top.owners.get(key)
+        if got is None:
+            continue   # not a member of the top layer (or no folder nor kept member: nothing to judge)
+        want = expected_owner(path, folder=top.present.get(key) is True, deleted=False, lower=lower)
+        if got != want:
+            problems.append(f"/{path} in the top layer has {_shown(got)}, where apply writes {_shown(want)}")
+    return problems
+
+
+def prove_headers(entries: Sequence[LayerEntry], scans: Sequence[LayerScan]) -> None:
     """Each entry's PAX records and (mode, uid, gid) are what apply --image would write, or one
     PublishRefused line names the first that is not."""
     for entry in entries:
@@ -56,7 +72,7 @@ def prove_headers(claim: Claim, entries: Sequence[LayerEntry], scans: Sequence[L
         if odd:
             raise refuse(f"{entry.path} in the layer carries the PAX record {odd[0]}, which apply never writes "
                          "(the engine may act on it)", hint="publish the layer the in-image run wrote, unchanged")
-        want = expected_owner(entry, claim, scans)
+        want = expected_owner(entry.path.lstrip("/"), folder=entry.folder, deleted=entry.deleted, lower=scans)
         if entry.owner != want:
             raise refuse(f"{entry.path} in the layer has {_shown(entry.owner)}, where apply --image of the source "
                          f"would write {_shown(want)}", hint="run the in-image job as root, with umask 022, and "

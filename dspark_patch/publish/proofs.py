@@ -30,22 +30,13 @@ import io
 import tarfile
 from collections.abc import Sequence
 
-from ..errors import BadInput
+from ..errors import BadInput, CheckFailed
 from ..report.status_model import ImageStatus
-from ..status.bytecode import cache_tag, compare, interpreter_for
+from ..status.bytecode import cache_tag, compare, interpreter_for, minor_magic
 from ..targets.layers import LayerView
 from ..targets.layers.new_layer import LayerEntry, layer_entries
 from ..targets.views.site_files import SiteFiles
 from .claim import Claim, refuse
-
-# The magic number of each CPython's bytecode (importlib.util.MAGIC_NUMBER, little-endian, then
-# b"\r\n"): the key of its source hash, and what tells whose bytecode a .pyc is.
-MAGIC = {"3.8": 3413, "3.9": 3425, "3.10": 3439, "3.11": 3495, "3.12": 3531, "3.13": 3571}
-
-
-def magic_of(minor: str) -> bytes | None:
-    number = MAGIC.get(minor)
-    return None if number is None else number.to_bytes(2, "little") + b"\r\n"
 
 
 def _first_finding(row: ImageStatus) -> str:
@@ -87,7 +78,10 @@ def prove_layer(claim: Claim, layer: bytes, view: LayerView) -> tuple[LayerEntry
     if digest != claim.diff_id or len(layer) != claim.size:
         raise refuse(f"the layer is {digest[:19]}…, {len(layer)} bytes, but the report's is {claim.diff_id[:19]}…, "
                      f"{claim.size} bytes", hint="publish the layer file the same in-image run wrote beside its report")
-    entries = layer_entries(layer)
+    try:
+        entries = layer_entries(layer)
+    except CheckFailed as exc:   # the strict reader's refusal of the job's tar: bad input here
+        raise refuse(f"the layer is not one apply writes: {exc.message}") from None
     changes = [(e.path, "D" if e.deleted else "A" if not e.folder and view.get(e.path.lstrip("/")) is None else "C")
                for e in entries]
     said = [(c.path, c.kind) for c in claim.report.layer.changes] if claim.report.layer else []
@@ -138,7 +132,7 @@ def prove_bytecode(claim: Claim, layer: bytes, entries: Sequence[LayerEntry], py
     beside it (by the source hash in its header), and its code what an interpreter of the image's
     minor compiles from that source (recompiled here and compared; a header is not a proof).
     `python`: the user's --python. Returns how many were proven."""
-    magic = magic_of(claim.python_minor)
+    magic = minor_magic(claim.python_minor)
     if magic is None:
         raise refuse(f"the report's Python {claim.python_minor} is not one whose bytecode this dspark-patch knows",
                      hint="publish with a dspark-patch that knows it")

@@ -207,7 +207,7 @@ def _prepare(reader: LayerReader, registry: Registry, src: ImageRef, dest: Image
     site = find_site(view, DISTRIBUTION, config.config, where)
     prove_source(claim, view, site, row_from_site(where, site, patchsets), where)
     entries = prove_layer(claim, layer, view)
-    prove_headers(claim, entries, scans)
+    prove_headers(entries, scans)
     checked = prove_bytecode(claim, layer, entries, python)
     after = merge_scans([*scans, scan_layer(io.BytesIO(layer), where="the new layer", retain=retain)],
                         where=f"image {dest}")

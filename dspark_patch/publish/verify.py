@@ -19,16 +19,15 @@ The probe needs the image's interpreter, so it does not run (said as a skipped s
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import dataclass, replace
 from typing import Literal
 
 from .. import unread_env
-from ..errors import BadInput, DsparkPatchError, StackedLayer, TargetNotFound, VerifyMismatch
+from ..errors import BadInput, DsparkPatchError, EnvironmentProblem, StackedLayer, TargetNotFound, VerifyMismatch
 from ..imageref import ImageRef
 from ..patchset import PatchSet, Variant, available, known, patched_paths
 from ..pipeline.image_steps import label_ids
-from ..pipeline.our_layer import OurLayer, check_our_layer
+from ..pipeline.our_layer import OurLayer, allowed, check_our_layer
 from ..pipeline.runlog import RunLog, StepCallback
 from ..registry.blobs import parse_image_manifest
 from ..registry.index import Registry, RegistryUnreachable
@@ -48,13 +47,14 @@ from ..report.model import (
 from ..report.status_model import ImageStatus
 from ..series import load
 from ..status.assess import assess
-from ..status.bytecode import cache_tag
+from ..status.bytecode import cache_tag, interpreter_for, minor_magic
 from ..status.fleet import DISTRIBUTION, row_of
 from ..status.registry_route import LayerReader
 from ..targets.base import Distribution
 from ..targets.views.from_layers import find_site, merge_scans, status_retain
 from ..targets.views.site_files import SiteFiles
 from .claim import reviewed_files
+from .headers import top_layer_owners
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,6 +63,7 @@ class RegistryVerifyRequest:
     patches: tuple[str, ...] = ()     # patch sets (ids, folders) in series order; () the labels' (or the default)
     series_file: str | None = None    # --series: a file naming them, one a line
     cache_max: int | None = None      # the scan cache's bound
+    python: str | None = None         # an interpreter of the image's minor (--python), to recompile its bytecode
     # `--via auto` with no engine answering: the engine's error. The run then says it read the
     # registry instead, and an image the registry does not have (or a registry that does not
     # answer) is that error, with the registry's reason: the engine was what the user asked for.
@@ -126,8 +127,13 @@ def _verify_index(request: RegistryVerifyRequest, run: RunLog, reader: LayerRead
     if failed:
         first = failed[0].report.errors[0] if failed[0].report.errors else None
         more = f" (and {len(failed) - 1} more platform(s))" if len(failed) > 1 else ""
-        raise VerifyMismatch(f"{failed[0].platform}: {first.message if first else 'not verified'}{more}",
-                             hint=first.hint if first and first.hint else "see the report of each platform")
+        # a platform that does not carry the series is the verdict; else the first one's exit
+        # (a host with no interpreter to prove a platform's bytecode is exit 3, not a mismatch)
+        kind: type[DsparkPatchError] = VerifyMismatch
+        if first is not None and not any(p.report.exit_code == 1 for p in failed):
+            kind = {2: BadInput, 3: EnvironmentProblem}.get(first.exit_code, VerifyMismatch)
+        raise kind(f"{failed[0].platform}: {first.message if first else 'not verified'}{more}",
+                   hint=first.hint if first and first.hint else "see the report of each platform")
     return run.report("verified")
 
 
@@ -170,7 +176,15 @@ def _verify(request: RegistryVerifyRequest, run: RunLog, reader: LayerReader, re
                                                   if post is None else "not the series' post-image"))
 
     with run.step("integrity"):
-        found_all = assess(site, patchsets)
+        magic = minor_magic(site.python)
+        interpreter = interpreter_for(magic, site.python or "", request.python) if magic is not None else None
+        found_all = assess(site, patchsets, python=interpreter)
+        if found_all.bytecode_unrecompiled:
+            raise EnvironmentProblem(
+                f"{where} holds the patched modules' Python {site.python} bytecode "
+                f"({found_all.bytecode_unrecompiled[0]}), and this host has no Python {site.python} to recompile "
+                "it (its header alone proves nothing)",
+                hint=f"name one with --python PATH, or verify from a host with python{site.python}")
         row = row_of(where, site, found_all)
         # the patched modules' bytecode, recompiled and compared by that assessment
         run.update(integrity=replace(_integrity(row, site), bytecode_checked=found_all.bytecode_proven))
@@ -190,9 +204,6 @@ def _verify(request: RegistryVerifyRequest, run: RunLog, reader: LayerReader, re
         problems += [f"patch set {other} is applied too, and is not in the series" for other, state in row.patch_sets
                      if state == "applied" and other not in ids and not _explained(other, final, patchsets, site.release)]
         problems += _row_problems(row)
-    note = _not_recompiled(site.python)
-    if note:
-        run.notes.append(note)
 
     if not series:   # every set is superseded: the image is the release itself, with nothing of ours
         run.skipped("labels", "superseded: nothing of the series is carried")
@@ -216,8 +227,11 @@ def _verify(request: RegistryVerifyRequest, run: RunLog, reader: LayerReader, re
         except StackedLayer as exc:
             problems.append(exc.message)
         else:
-            run.notes.append(f"the top layer ({blobs[-1].digest[:19]}) holds only the series' files, their bytecode "
-                             "and the folders above them")
+            owners = top_layer_owners(scans[-1], scans[:-1], allowed(final, dist)[0])
+            problems += owners
+            if not owners:
+                run.notes.append(f"the top layer ({blobs[-1].digest[:19]}) holds only the series' files, their "
+                                 "bytecode and the folders above them, each with the mode and owner apply writes")
     if row.unverified:
         run.notes.append(f"{len(row.unverified)} thing(s) status could not prove: {'; '.join(row.unverified[:2])}")
     run.skipped("probe", "--via registry runs nothing of the image; `verify --image` runs the probe")
@@ -321,9 +335,3 @@ def _integrity(row: ImageStatus, site: SiteFiles) -> IntegrityReport:
                            stale_bytecode=row.bytecode, installer_metadata=row.installer_metadata,
                            installer_findings=row.installer_findings)
 
-
-def _not_recompiled(minor: str | None) -> str | None:
-    """The note a run whose bytecode was not recompiled here gives (None: it was)."""
-    if minor is None or minor == f"{sys.version_info[0]}.{sys.version_info[1]}":
-        return None
-    return f"bytecode checked by its embedded source hashes, not recompiled (this host's Python is not the image's {minor})"

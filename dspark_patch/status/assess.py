@@ -42,6 +42,7 @@ class Assessment:
     installer: tuple[str, ...] = ()
     installer_findings: tuple[str, ...] = ()
     bytecode_proven: int = 0     # .pyc recompiled and compared (status/bytecode.py's `proven`)
+    bytecode_unrecompiled: tuple[str, ...] = ()   # patched modules' .pyc of another minor, not recompiled
 
 
 def patch_set_state(patchset: PatchSet, site: SiteFiles, others: Sequence[PatchSet] = ()) -> PatchSetState:
@@ -68,11 +69,12 @@ def post_images(patchsets: Iterable[PatchSet], release: str) -> dict[str, set[st
     return found
 
 
-def assess(site: SiteFiles, patchsets: Iterable[PatchSet]) -> Assessment:
+def assess(site: SiteFiles, patchsets: Iterable[PatchSet], python: str | None = None) -> Assessment:
+    """`python`: an interpreter of the image's minor where it is not this host's (bytecode.py)."""
     patchsets = known(patchsets)
     states = tuple((p.id or "", patch_set_state(p, site, patchsets)) for p in patchsets)
     post = post_images(patchsets, site.release)
-    bytecode = check_bytecode(site)
+    bytecode = check_bytecode(site, python)
     unverified = [not_verified_line(bytecode.not_verified)] if bytecode.not_verified else []
 
     wheel = references.wheel_hash(site.distribution, site.release, site.hashes)
@@ -84,7 +86,8 @@ def assess(site: SiteFiles, patchsets: Iterable[PatchSet]) -> Assessment:
         return Assessment(patch_sets=states, unexplained=found.unexplained, missing=found.missing, added=found.added,
                           reference=ref.wheel, record_disagrees=found.record_disagrees, bytecode=bytecode.findings,
                           installer=found.installer, installer_findings=found.installer_findings,
-                          unverified=tuple(unverified), bytecode_proven=bytecode.proven)
+                          unverified=tuple(unverified), bytecode_proven=bytecode.proven,
+                          bytecode_unrecompiled=bytecode.unrecompiled)
 
     # No reference: say so (never clean); the lists against the image's RECORD are a hint only.
     unexplained: list[str] = []
@@ -102,4 +105,5 @@ def assess(site: SiteFiles, patchsets: Iterable[PatchSet]) -> Assessment:
     unverified.insert(0, references.no_reference(site.distribution, site.release, wheel))
     return Assessment(patch_sets=states, unexplained=tuple(sorted(unexplained)),
                       missing=tuple(sorted(missing)), added=tuple(added), bytecode=bytecode.findings,
-                      unverified=tuple(unverified), bytecode_proven=bytecode.proven)
+                      unverified=tuple(unverified), bytecode_proven=bytecode.proven,
+                      bytecode_unrecompiled=bytecode.unrecompiled)

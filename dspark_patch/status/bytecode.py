@@ -14,6 +14,7 @@ For each `__pycache__/m.<tag>[.opt-N].pyc` of the image's interpreter whose sour
 
 from __future__ import annotations
 
+import _imp
 import importlib.util
 import re
 from dataclasses import dataclass
@@ -29,6 +30,19 @@ class BytecodeCheck:
     findings: tuple[str, ...]
     not_verified: int
     proven: int
+    # kept .pyc (the patched modules') of another Python than this host's that no interpreter of
+    # that minor recompiled: their header alone proves nothing (verify fails on them)
+    unrecompiled: tuple[str, ...] = ()
+
+
+# The magic number of each CPython's bytecode (importlib.util.MAGIC_NUMBER, little-endian, then
+# b"\r\n"): the key of its source hash, and what tells whose bytecode a .pyc is.
+MAGIC = {"3.8": 3413, "3.9": 3425, "3.10": 3439, "3.11": 3495, "3.12": 3531, "3.13": 3571}
+
+
+def minor_magic(minor: str | None) -> bytes | None:
+    number = MAGIC.get(minor or "")
+    return None if number is None else number.to_bytes(2, "little") + b"\r\n"
 
 
 def cache_tag(python: str | None) -> str | None:
@@ -62,7 +76,7 @@ print(json.dumps(out))
 """
 
 
-def magic_of(python: str) -> bytes | None:
+def asked_magic(python: str) -> bytes | None:
     """The bytecode magic number (importlib.util.MAGIC_NUMBER) of the interpreter at `python`,
     asked of it in a fresh isolated process; None where it does not run or answer."""
     import subprocess
@@ -84,9 +98,9 @@ def interpreter_for(magic: bytes, minor: str, named: str | None = None) -> str |
     if importlib.util.MAGIC_NUMBER == magic:
         return sys.executable
     if named is not None:
-        return named if magic_of(named) == magic else None
+        return named if asked_magic(named) == magic else None
     found = shutil.which(f"python{minor}")
-    return found if found is not None and magic_of(found) == magic else None
+    return found if found is not None and asked_magic(found) == magic else None
 
 
 def compare(items: list[dict], python: str | None = None) -> list[str]:
@@ -112,9 +126,14 @@ def compare(items: list[dict], python: str | None = None) -> list[str]:
     return ["could not be compared"] * len(items)
 
 
-def check(site: SiteFiles) -> BytecodeCheck:
+def check(site: SiteFiles, python: str | None = None) -> BytecodeCheck:
+    """`python`: an interpreter of the image's minor where it is not this host's
+    (`interpreter_for`): the kept bytecode is then recompiled by it."""
     tag = cache_tag(site.python)
+    image_magic = minor_magic(site.python)
+    other = python is not None and image_magic is not None and image_magic != importlib.util.MAGIC_NUMBER
     findings: list[str] = []
+    unrecompiled: list[str] = []
     not_verified = proven = 0
     to_compare: list[tuple[str, str, dict]] = []
     for pyc, header in sorted(site.pyc_headers.items()):
@@ -130,7 +149,19 @@ def check(site: SiteFiles) -> BytecodeCheck:
         mtime, size, source_hash = site.sources[source]
         flags = int.from_bytes(header[4:8], "little")
         ours = header[:4] == importlib.util.MAGIC_NUMBER
-        if flags & 0b1:
+        kept = pyc in site.retained and source in site.retained
+        if flags & 0b1 and not ours and kept and header[:4] == image_magic:
+            if not other:
+                unrecompiled.append(pyc)
+                not_verified += 1
+            elif header[8:16] != _imp.source_hash(int.from_bytes(header[:4], "little"), site.retained[source]):
+                findings.append(f"{pyc}: checked-hash bytecode whose source hash is not {source}'s")
+            else:
+                opt = _OPT.search(name)
+                to_compare.append((pyc, source, {"source": site.retained[source], "pyc": site.retained[pyc],
+                                                 "filename": f"{site.location}/{source}",
+                                                 "opt": int(opt.group(1)) if opt else 0, "checked": bool(flags & 0b10)}))
+        elif flags & 0b1:
             if not ours or source_hash is None:
                 not_verified += 1
             elif header[8:16] != source_hash:
@@ -150,12 +181,14 @@ def check(site: SiteFiles) -> BytecodeCheck:
                 not_verified += 1
         else:
             findings.append(f"{pyc}: bytecode header with unknown flags {flags:#x}")
-    for (pyc, source, _), why in zip(to_compare, compare([item for _, _, item in to_compare]), strict=True):
+    done = compare([item for _, _, item in to_compare], python if other else None)
+    for (pyc, source, _), why in zip(to_compare, done, strict=True):
         if why:
             findings.append(f"{pyc}: its code is not {source}'s (recompiled here and compared: {why})")
         else:
             proven += 1
-    return BytecodeCheck(findings=tuple(sorted(findings)), not_verified=not_verified, proven=proven)
+    return BytecodeCheck(findings=tuple(sorted(findings)), not_verified=not_verified, proven=proven,
+                         unrecompiled=tuple(unrecompiled))
 
 
 def not_verified_line(count: int) -> str:

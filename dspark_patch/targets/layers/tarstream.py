@@ -22,6 +22,8 @@ The rules (docs/status.md, "The layer reader"):
   `GNU.sparse.*`), `hdrcharset`, contiguous (`7`) and unknown flags are refused;
 - names: relative, no empty, `.` or `..` component (one leading `./` allowed), no NUL (a
   backslash is an ordinary character, as on every Linux engine); a trailing `/` only on folders;
+- overlayfs xattrs (`trusted.overlay.*`, `user.overlay.*` as SCHILY or LIBARCHIVE records) are
+  refused: overlay2 applies them (an opaque folder hides every lower file), which no reader models;
 - caps: members, PAX record size, name length (`Limits`).
 Memory is one header and one chunk at a time; data is streamed to the caller or skipped.
 """
@@ -43,6 +45,8 @@ _OCTAL = re.compile(rb"^ *[0-7]*[ \0]*$")
 _DIGITS = re.compile(r"^[0-9]+$")
 _PAX_TIME = re.compile(r"^-?[0-9]+(\.[0-9]+)?$")
 _PAX_KEYS_REFUSED = ("GNU.sparse.", "hdrcharset")
+_OVERLAY_XATTRS = ("SCHILY.xattr.trusted.overlay.", "LIBARCHIVE.xattr.trusted.overlay.",
+                   "SCHILY.xattr.user.overlay.", "LIBARCHIVE.xattr.user.overlay.")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -309,6 +313,9 @@ class TarStream:
                 text_value = value.decode("utf-8")
             except UnicodeDecodeError:
                 raise self.refuse(f"a PAX record {key!r} that is not UTF-8 (readers decode it differently)") from None
+            if text_key.startswith(_OVERLAY_XATTRS):
+                raise self.refuse(f"PAX record {text_key}: an overlayfs xattr, which the engine applies (an opaque or "
+                                  "redirected folder) and no reader of the layer sees")
             if text_key.startswith(_PAX_KEYS_REFUSED):
                 raise self.refuse(f"PAX record {text_key} (sparse files and charsets are refused)")
             if text_key in records:
