@@ -23,6 +23,7 @@ def publish(
     force: Annotated[bool, typer.Option("--force", help="Move --tag if it exists (without it, a tag that exists, or that another push sets meanwhile, fails the run; it is never moved).")] = False,
     sign_key: Annotated[Path | None, typer.Option("--sign-key", help="Sign the in-toto statement of the published image (an index: and each platform's) with this private key and attach it as a referrer, as `apply --push --sign-key` does (see docs/attestations.md).")] = None,
     allow_open_key: Annotated[bool, typer.Option("--allow-open-key", help="Sign with a --sign-key file that group or others may read.")] = False,
+    allow_unreviewed: Annotated[bool, typer.Option("--allow-unreviewed", help="Publish a patch set whose variant is unreviewed in the patch sets this publisher loads (made by `port`, not yet marked reviewed), as `apply --allow-unreviewed` applies one; the published report says unreviewed, whatever the in-image report says.")] = False,
     cache_max: Annotated[str | None, typer.Option("--cache-max", help="Bound of the layer-scan cache status uses (e.g. 2G; 0 turns it off).")] = None,
     report_dir: Annotated[Path | None, typer.Option("--report-dir", help="Write the report of the published image here (audit.json, audit.md, junit.xml): the in-image run's, naming the source and the result.")] = None,
     as_json: common.JsonOpt = False,
@@ -35,9 +36,13 @@ def publish(
     its entries, each post-image, each .pyc's embedded source hash); then uploads the layer and a
     config that keeps the source's, mounts the source's layers, and puts the tag last. An index
     takes one run per platform (--layer/--report PLATFORM=FILE each) and is published whole.
+    What it cannot prove it does not take from the report: each patch set's review state is the
+    one this publisher loads (unreviewed needs --allow-unreviewed), and the probe's result is
+    carried as claimed by the in-image job, not verified by the publisher.
 
     Exit 0: published; 2: the layer or report does not prove it (another image or release, edited,
-    a file more or less), the tag exists, or the source moved meanwhile; 3: a registry refused or
+    a file more or less), an unreviewed patch set without --allow-unreviewed, the tag exists, or
+    the source moved meanwhile; 3: a registry refused or
     did not answer. Nothing is tagged unless every proof holds and every upload succeeded; only an
     attestation that cannot be attached after the tag (--sign-key) leaves the tag with a non-zero
     exit, as `apply --push --sign-key` does."""
@@ -49,6 +54,7 @@ def publish(
         common.check_outputs(report_dir)
     request = PublishRequest(source=image, pairs=_pairs(layer, report), tag=tag, force=force,
                              sign_key=None if sign_key is None else str(sign_key), allow_open_key=allow_open_key,
+                             allow_unreviewed=allow_unreviewed,
                              cache_max=parse_size(cache_max, "--cache-max") if cache_max is not None else None)
     done = run_publish(request)
     if report_dir is not None:
