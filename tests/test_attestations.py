@@ -143,6 +143,12 @@ def test_verify_attestation_passes_without_pulling_a_layer(signed, keys, login_r
     assert res.returncode == 0, res.stderr
     (checked,) = res.json["attestations"]
     assert checked["state"] == "valid" and checked["subject"] == f"{repository}@{digest}"
+    # apply ran the probe itself: proven, so a policy that requires a proven probe passes it
+    # (publish's are claims: tests/test_publish_claims.py).
+    assert checked["probe"] == "proven" and audit["probe"]["claimed_by"] == ""
+    strict = run("verify", "--image", tag, "--attestation", "--key", str(keys["ec"].public), "--require-proven-probe",
+                 "--report-dir", str(tmp_path / "strict"), env=_env(login_registry))
+    assert strict.returncode == 0 and "probe run by the signing run" in strict.stderr, strict.stderr
     # No layer of the image was read from the registry, and the engine did not get the image.
     served = log.read_text(errors="replace")[len(before_log):]
     assert "/blobs/" in served  # the log does record blob reads: the envelope's

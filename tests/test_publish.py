@@ -451,6 +451,14 @@ def test_sign_key_attaches_an_attestation_that_verifies_with_no_engine(
     checked = run("verify", "--image", dest, "--attestation", "--key", str(key.public),
                   "--report-dir", str(tmp_path / "checked"), env=env)
     assert checked.returncode == 0, checked.stderr[-2000:]
+    # The job ran the probe, in the image: the publisher carries its result as the job's claim.
+    claim = "claimed by the in-image job, not verified by the publisher"
+    assert json.loads((tmp_path / "published/audit.json").read_text())["probe"]["claimed_by"] == "in-image job"
+    assert [a["probe"] for a in json.loads((tmp_path / "checked/audit.json").read_text())["attestations"]] == ["claimed"]
+    assert claim in checked.stderr
+    proven = run("verify", "--image", dest, "--attestation", "--key", str(key.public), "--require-proven-probe",
+                 "--report-dir", str(tmp_path / "proven"), env=env)
+    assert claim in proven.assert_clean_error(1)
     wrong = run("verify", "--image", dest, "--attestation", "--key", str(other.public),
                 "--report-dir", str(tmp_path / "wrong"), env=env)
     assert wrong.returncode == 1, wrong.stderr[-2000:]

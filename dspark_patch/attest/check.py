@@ -8,6 +8,10 @@ An attestation holds when, for the manifest `digest` in `repository`:
 - the signed statement is ours (in-toto v1, our predicate type) and names `digest` as a subject;
 - the predicate, the audit report, says the reviewed patch set was applied to that image: patch
   id, a variant of it with every reviewed post-image sha256, compile ok, probe ok.
+
+The probe's standing is part of the verdict: `proven` where the signing run ran it (apply), or
+`claimed` where publish carried an in-image job's result (`probe.claimed_by`: not verified by
+the publisher), or `not-run`. `require_proven_probe` holds only a proven one.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from dspark_patch.registry import referrers
 from dspark_patch.registry.index import OCI_MANIFEST, Registry
 from dspark_patch.report.audit_json import from_json_dict
 from dspark_patch.report.intoto import PREDICATE_TYPE, STATEMENT_TYPE
-from dspark_patch.report.model import AttestationReport, AuditReport
+from dspark_patch.report.model import AttestationReport, AuditReport, ProbeStanding
 
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 # The fallback tag's list is anyone's to write: look at no more than this many of our kind,
@@ -42,7 +46,8 @@ class Subject:
         return f"{self.repository}@{self.digest}"
 
 
-def check(registry: Registry, subject: Subject, verifier: Verifier, patchset: PatchSet) -> AttestationReport:
+def check(registry: Registry, subject: Subject, verifier: Verifier, patchset: PatchSet, *,
+          require_proven_probe: bool = False) -> AttestationReport:
     """The first valid attestation for `subject`, or why there is none (state none / invalid)."""
     listed, via = referrers.find(registry, subject.repository, subject.digest)
     ours = [d for d in listed if d.get("artifactType") == referrers.ARTIFACT_TYPE]
@@ -53,13 +58,14 @@ def check(registry: Registry, subject: Subject, verifier: Verifier, patchset: Pa
     for descriptor in list(reversed(ours))[:MAX_CHECKED]:
         artifact = str(descriptor.get("digest", ""))
         try:
-            _check_one(registry, subject, artifact, verifier, patchset)
+            probe = _check_one(registry, subject, artifact, verifier, patchset, require_proven_probe)
         except DsparkPatchError as exc:
             failures.append(AttestationReport(subject=subject.ref, state="invalid", keyid=verifier.keyid,
                                               artifact=artifact if artifact.startswith("sha256:") else None,
                                               via=via, detail=exc.message))
             continue
-        return AttestationReport(subject=subject.ref, state="valid", keyid=verifier.keyid, artifact=artifact, via=via)
+        return AttestationReport(subject=subject.ref, state="valid", keyid=verifier.keyid, artifact=artifact, via=via,
+                                 probe=probe)
     first = failures[0]
     if len(failures) > 1:
         return AttestationReport(subject=first.subject, state="invalid", keyid=first.keyid, artifact=first.artifact,
@@ -67,7 +73,8 @@ def check(registry: Registry, subject: Subject, verifier: Verifier, patchset: Pa
     return first
 
 
-def _check_one(registry: Registry, subject: Subject, artifact: str, verifier: Verifier, patchset: PatchSet) -> None:
+def _check_one(registry: Registry, subject: Subject, artifact: str, verifier: Verifier, patchset: PatchSet,
+               require_proven_probe: bool) -> ProbeStanding:
     if not _DIGEST.match(artifact):
         raise AttestationInvalid(f"a referrer is listed with the digest {artifact[:80]!r}, which is not a sha256 digest")
     manifest = registry.fetch(f"{subject.repository}@{artifact}")  # checked against its digest there
@@ -92,7 +99,7 @@ def _check_one(registry: Registry, subject: Subject, artifact: str, verifier: Ve
     body = registry.fetch_blob(subject.ref, blob)
     statement = open_envelope(body, verifier)
     _check_statement(statement, subject)
-    _check_predicate(statement.get("predicate"), subject, patchset)
+    return _check_predicate(statement.get("predicate"), subject, patchset, require_proven_probe)
 
 
 def _check_statement(statement: dict[str, Any], subject: Subject) -> None:
@@ -106,7 +113,8 @@ def _check_statement(statement: dict[str, Any], subject: Subject) -> None:
                                  "(it was made for another image)")
 
 
-def _check_predicate(predicate: Any, subject: Subject, patchset: PatchSet) -> None:
+def _check_predicate(predicate: Any, subject: Subject, patchset: PatchSet,
+                     require_proven_probe: bool) -> ProbeStanding:
     try:
         report = from_json_dict(predicate)
     except BadInput as exc:
@@ -116,8 +124,8 @@ def _check_predicate(predicate: Any, subject: Subject, patchset: PatchSet) -> No
     images = _image_reports(report, subject)
     if not images:
         raise AttestationInvalid(f"subject mismatch: the predicate reports no image with digest {subject.digest}")
-    for image in images:
-        _check_image(image, patchset)
+    standings = [_check_image(image, patchset, require_proven_probe) for image in images]
+    return min(standings, key=_WEAKEST_FIRST.index)   # an index's: its weakest platform's
 
 
 def _image_reports(report: AuditReport, subject: Subject) -> Sequence[AuditReport]:
@@ -131,7 +139,10 @@ def _image_reports(report: AuditReport, subject: Subject) -> Sequence[AuditRepor
     return [report] if pushed and pushed.endswith("@" + subject.digest) else []
 
 
-def _check_image(report: AuditReport, patchset: PatchSet) -> None:
+_WEAKEST_FIRST: list[ProbeStanding] = ["not-run", "claimed", "proven"]
+
+
+def _check_image(report: AuditReport, patchset: PatchSet, require_proven_probe: bool) -> ProbeStanding:
     patch = report.patch
     if patch is None or patch.id != patchset.id:
         raise AttestationInvalid(f"predicate says patch set {patch.id if patch else None!r}, not {patchset.id!r}")
@@ -148,3 +159,10 @@ def _check_image(report: AuditReport, patchset: PatchSet) -> None:
         raise AttestationInvalid("predicate says failed: compile did not pass")
     if not report.probe.ok or (report.status == "applied" and patchset.probe is not None and not report.probe.ran):
         raise AttestationInvalid("predicate says failed: the probe did not pass")
+    standing: ProbeStanding = "not-run" if not report.probe.ran else "claimed" if report.probe.claimed_by else "proven"
+    if require_proven_probe and standing != "proven" and patchset.probe is not None:
+        said = ("claimed by the in-image job, not verified by the publisher" if standing == "claimed"
+                else "not run by the signing run")
+        raise AttestationInvalid(f"probe not proven: the predicate's probe result is {said}, and a proven probe "
+                                 "is required")
+    return standing

@@ -24,6 +24,9 @@ _out = Console(highlight=False, soft_wrap=True)
 _wide = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)
 # evaluate's summaries, with rich's own defaults.
 _rich = Console()
+# verify --attestation: how a valid attestation's probe stands (report/model.py ProbeStanding).
+_PROBE_STANDING = {"proven": "run by the signing run", "not-run": "not run",
+                   "claimed": "claimed by the in-image job, not verified by the publisher"}
 
 
 # --- what the commands' own renderers print through (this module is the only one that prints) ---
@@ -169,7 +172,7 @@ def summary(report: AuditReport, report_dir: Path | None) -> None:
         rows.append(("result image", f"{report.result_image.ref} ({report.result_image.id[:19]})"))
     for a in report.attestations:
         rows.append(("attestation", f"{a.state} {a.subject} (key {a.keyid[:16]}, {a.via or 'no listing'})"
-                     + (f": {a.detail}" if a.detail else "")))
+                     + (f": {a.detail}" if a.detail else "") + (f"; probe {_PROBE_STANDING[a.probe]}" if a.probe else "")))
     for note in report.notes:
         rows.append(("note", note))
     if report_dir is not None:

@@ -24,6 +24,7 @@ def publish(
     sign_key: Annotated[Path | None, typer.Option("--sign-key", help="Sign the in-toto statement of the published image (an index: and each platform's) with this private key and attach it as a referrer, as `apply --push --sign-key` does (see docs/attestations.md).")] = None,
     allow_open_key: Annotated[bool, typer.Option("--allow-open-key", help="Sign with a --sign-key file that group or others may read.")] = False,
     python: Annotated[str | None, typer.Option("--python", help="An interpreter of the image's Python minor (e.g. python3.13) to recompile the layer's bytecode with, where this host's is another and none is on PATH.")] = None,
+    allow_unreviewed: Annotated[bool, typer.Option("--allow-unreviewed", help="Publish a patch set whose variant is unreviewed in the patch sets this publisher loads (made by `port`, not yet marked reviewed), as `apply --allow-unreviewed` applies one; the published report says unreviewed, whatever the in-image report says.")] = False,
     cache_max: Annotated[str | None, typer.Option("--cache-max", help="Bound of the layer-scan cache status uses (e.g. 2G; 0 turns it off).")] = None,
     report_dir: Annotated[Path | None, typer.Option("--report-dir", help="Write the report of the published image here (audit.json, audit.md, junit.xml): the in-image run's, naming the source and the result.")] = None,
     as_json: common.JsonOpt = False,
@@ -37,9 +38,13 @@ def publish(
     the image's Python minor); then uploads the layer and a
     config that keeps the source's, mounts the source's layers, and puts the tag last. An index
     takes one run per platform (--layer/--report PLATFORM=FILE each) and is published whole.
+    What it cannot prove it does not take from the report: each patch set's review state is the
+    one this publisher loads (unreviewed needs --allow-unreviewed), and the probe's result is
+    carried as claimed by the in-image job, not verified by the publisher.
 
     Exit 0: published; 2: the layer or report does not prove it (another image or release, edited,
-    a file more or less), the tag exists, or the source moved meanwhile; 3: a registry refused or
+    a file more or less), an unreviewed patch set without --allow-unreviewed, the tag exists, or
+    the source moved meanwhile; 3: a registry refused or
     did not answer. Nothing is tagged unless every proof holds and every upload succeeded; only an
     attestation that cannot be attached after the tag (--sign-key) leaves the tag with a non-zero
     exit, as `apply --push --sign-key` does."""
@@ -52,6 +57,7 @@ def publish(
     request = PublishRequest(source=image, pairs=_pairs(layer, report), tag=tag, force=force,
                              sign_key=None if sign_key is None else str(sign_key), allow_open_key=allow_open_key,
                              python=python,
+                             allow_unreviewed=allow_unreviewed,
                              cache_max=parse_size(cache_max, "--cache-max") if cache_max is not None else None)
     done = run_publish(request)
     if report_dir is not None:

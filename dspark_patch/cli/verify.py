@@ -29,6 +29,7 @@ def verify(
     no_probe: common.NoProbeOpt = False,
     attestation: Annotated[bool, typer.Option("--attestation", help="Check the signed attestation attached to the image in its registry instead (needs --key): signature, subject digest, statement, predicate. Reads manifests and the envelope only; pulls no layer. For an index: the index and every platform (or --platform).")] = False,
     key: Annotated[Path | None, typer.Option("--key", help="With --attestation: the public key (PEM) the attestation must be signed with.")] = None,
+    require_proven_probe: Annotated[bool, typer.Option("--require-proven-probe", help="With --attestation: hold only a probe the signing run ran itself (`apply --image`); a probe result `publish` carried as claimed by the in-image job, not verified by the publisher, does not hold.")] = False,
     via: Annotated[str, typer.Option("--via", help="How --image is read: auto (default: the engine; the registry when no engine answers and the image names its registry), engine, or registry (no engine: the image's layers straight from its registry, as `status --via registry` reads them; the probe does not run, and the patched modules' bytecode is recompiled by an interpreter of the image's Python minor: this host's, --python PATH (here a path on this host), or python3.X on PATH; with none, the run fails, exit 3).")] = "auto",
     cache_max: Annotated[str | None, typer.Option("--cache-max", help="With --via registry: bound of the layer-scan cache status uses (e.g. 2G; 0 turns it off).")] = None,
     report_dir: common.ReportDirOpt = None,
@@ -37,13 +38,17 @@ def verify(
 ) -> None:
     """Prove a tree or image carries exactly the patch: post-images, bytecode, RECORD, labels, probe."""
     common.check_outputs(report_dir, junit)
+    if require_proven_probe and not attestation:
+        raise BadInput("--require-proven-probe holds a signed attestation's probe to what its signer saw; it goes "
+                       "with --attestation", hint="add --attestation --key PUB.pem")
     if attestation or key is not None:
         if not attestation or key is None:
             raise BadInput("--attestation and --key go together: check the attestation signed by that public key")
         if image is None or root is not None:
             raise BadInput("--attestation checks an image in a registry: give --image HOST[:PORT]/REPO:TAG, not --root")
         checked = pipeline.verify_attestation(pipeline.AttestationRequest(
-            ref=image, key=str(key), patch=_one_patch(patch, series), platform=common.platform_request(platform)),
+            ref=image, key=str(key), patch=_one_patch(patch, series), platform=common.platform_request(platform),
+            require_proven_probe=require_proven_probe),
             on_step=output.step_printer(not as_json))
         common.finish(checked, report_dir=report_dir, as_json=as_json, junit=junit)
     chosen, no_engine = _via_registry(via, root, image, python, platform, pull, strip)

@@ -34,6 +34,9 @@ class AttestationRequest:
     key: str                     # the public key (PEM) the attestation must be signed with
     patch: str | None = None     # the patch set it must attest; default dspark-skip-mtp-buffer
     platform: str | None = None  # for an index: which platforms (default: every one), plus the index
+    # A probe result the signer carried as an in-image job's claim (publish) does not hold: the
+    # signing run must have run the probe itself (apply).
+    require_proven_probe: bool = False
 
 
 def _host(ref: str, what: str) -> str:
@@ -138,7 +141,8 @@ def verify_attestation(request: AttestationRequest, *, on_step: StepCallback | N
         found = []
         for subject in wanted:
             with run.step(f"attestation {subject.digest[:19]}"):
-                found.append(check(registry, subject, verifier, patchset))
+                found.append(check(registry, subject, verifier, patchset,
+                                   require_proven_probe=request.require_proven_probe))
             run.update(attestations=tuple(found))
         bad = [a for a in found if a.state != "valid"]
         if bad:
@@ -147,6 +151,8 @@ def verify_attestation(request: AttestationRequest, *, on_step: StepCallback | N
                                      hint="attach one with `apply --push --sign-key`, or check --key")
         run.notes.append(f"{len(found)} manifest(s) carry a valid attestation signed by key {verifier.keyid[:16]}; "
                          "no layer was pulled")
+        run.notes += [f"{a.subject}: the probe's result is claimed by the in-image job, not verified by the publisher "
+                      "(--require-proven-probe refuses it)" for a in found if a.probe == "claimed"]
         return record_checks(run.report("verified"))
     except DsparkPatchError as exc:
         return record_checks(run.report("failed", exc))

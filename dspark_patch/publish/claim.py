@@ -7,14 +7,20 @@ exit code, the site folder, release and interpreter, the layer's digest and size
 pre- and post-image hash exactly the reviewed ones of the patch sets it names for its release
 (for a series: the first member's pre-image and the last member's post-image of each file). What
 the report says of the tree is then proven against the image itself (publish/proofs.py).
+
+What publish cannot prove it does not take from the report (`as_publisher_knows`, before any
+registry is asked): each patch set's review state is the one in the patch sets this publisher
+loads (an unreviewed one needs --allow-unreviewed, as apply does), and the probe, which only the
+in-image job ran, is carried as that job's claim (`probe.claimed_by`), never as a fact the signer
+saw.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from ..errors import DsparkPatchError, PublishRefused
+from ..errors import DsparkPatchError, PublishRefused, UnreviewedVariant
 from ..patchset import PatchSet, Variant, available, known
 from ..report.model import AuditReport
 
@@ -72,6 +78,42 @@ def read_claim(report: AuditReport, where: str) -> Claim:
     minor = ".".join(target.python_version.split(".")[:2])
     return Claim(report=report, location=target.distribution.location, release=release, python=target.python,
                  python_minor=minor, diff_id=layer.diff_id, size=layer.size, members=members, files=files)
+
+
+CLAIMED_NOTE = "the probe's result is claimed by the in-image job, not verified by the publisher (it runs nothing)"
+
+
+def as_publisher_knows(report: AuditReport, where: str, *, allow_unreviewed: bool) -> AuditReport:
+    """The report with the publisher's facts in place of the job's word: each member's review
+    state from the patch sets loaded here (an unreviewed one refused, UnreviewedVariant exit 2,
+    unless `allow_unreviewed`), and a probe that ran marked as the in-image job's claim. A report
+    read_claim refuses anyway (not a whole apply of known patch sets) is returned as it is, for
+    read_claim to say why."""
+    patch, target = report.patch, report.target
+    if (report.command != "apply" or report.status != "applied" or patch is None or not patch.id
+            or not patch.hash_checks or target.distribution is None):
+        return report
+    release = target.distribution.version
+    by_id = {p.id: p for p in known(available()) if p.id}
+    said = report.series or (patch,)
+    members = [_member(by_id, m.id, release, where) for m in said]
+    unreviewed = [(p, v) for p, v in members if v.review == "unreviewed"]
+    notes = list(report.notes)
+    for patchset, variant in unreviewed:
+        if not allow_unreviewed:
+            raise UnreviewedVariant(
+                f"{where}: patch set {patchset.id} variant {variant.name} is unreviewed (its patch.toml, as this "
+                "publisher loads it; not the report's word); refusing to publish it",
+                hint="have a person read its review file and set review = \"reviewed\" in patch.toml, "
+                "or pass --allow-unreviewed (the published report says so)")
+        notes.append(f"--allow-unreviewed: variant {variant.name} has not been reviewed by a person")
+    # members are the series' own, one each (or the one patch set of a report with no series)
+    series = tuple(replace(m, review=v.review) for m, (_, v) in zip(report.series, members, strict=False))
+    probe = replace(report.probe, claimed_by="in-image job" if report.probe.ran else "")
+    if probe.ran:
+        notes.append(CLAIMED_NOTE)
+    return replace(report, patch=replace(patch, review="unreviewed" if unreviewed else "reviewed"), series=series,
+                   probe=probe, notes=tuple(dict.fromkeys(notes)))
 
 
 def _member(by_id: dict[str, PatchSet], patch_id: str | None, release: str, where: str) -> tuple[PatchSet, Variant]:

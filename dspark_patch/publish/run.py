@@ -20,6 +20,7 @@ from ..registry.manifest import ImageIndex, Manifest, digest_of, parse_index
 from ..registry.platform_select import Platform
 from ..registry.upload import Sent, Uploader
 from ..report.audit_json import read_report
+from ..report.checks import record_checks
 from ..report.labels import labels_of_report
 from ..report.model import AuditReport, ImageRecord, IndexReport, PlatformReport
 from ..status.fleet import DISTRIBUTION, row_from_site, scan_cache
@@ -27,7 +28,7 @@ from ..status.registry_route import LayerReader
 from ..targets.caches.scans import ScanCache
 from ..targets.layers import RetainPredicate, scan_layer
 from ..targets.views.from_layers import find_site, merge_scans, status_retain
-from .claim import Claim, read_claim, refuse
+from .claim import CLAIMED_NOTE, Claim, as_publisher_knows, read_claim, refuse
 from .headers import prove_headers
 from .proofs import prove_bytecode, prove_layer, prove_result, prove_source
 
@@ -56,6 +57,7 @@ class PublishRequest:
     sign_key: str | None = None  # sign the statement of the published image(s) and attach it as a referrer
     allow_open_key: bool = False  # a sign key group or others may read
     python: str | None = None    # an interpreter of the image's Python minor, to recompile its bytecode
+    allow_unreviewed: bool = False  # publish a patch set whose variant no person has marked reviewed
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -101,8 +103,10 @@ def publish(request: PublishRequest) -> Published:
 
         signer = load_signer(Path(request.sign_key), allow_open=request.allow_open_key)
     # Each report is the in-image job's word: read (bounded, no link, nesting capped) before any
-    # registry is asked, so a hostile one is refused with nothing fetched.
-    reports = {pair.report: read_report(pair.report) for pair in request.pairs}
+    # registry is asked, so a hostile one is refused with nothing fetched; its review states and
+    # probe then as this publisher knows them (claim.py: as_publisher_knows).
+    reports = {pair.report: as_publisher_knows(read_report(pair.report), str(pair.report),
+                                               allow_unreviewed=request.allow_unreviewed) for pair in request.pairs}
     patchsets = known(available())
     retain = status_retain(DISTRIBUTION, patched_paths(patchsets))   # status's: its scan cache serves both
     reader = LayerReader(retain=retain, cache=scan_cache_for(patchsets, request.cache_max))
@@ -140,7 +144,9 @@ def publish(request: PublishRequest) -> Published:
         from ..pipeline.attestation import sign_and_attach
 
         final = sign_and_attach(final, signer, None)
-    notes = tuple(dict.fromkeys(n for one in prepared for n in one.notes))
+    final = record_checks(final)   # of what publish says, not the checks the job recorded
+    claimed = (CLAIMED_NOTE,) if any(one.report.probe.claimed_by for one in prepared) else ()
+    notes = tuple(dict.fromkeys((*claimed, *(n for one in prepared for n in one.notes))))
     return Published(ref=str(dest), repo_digest=repo_digest, image_id=ids[0], source_digest=top.digest,
                      layer_blob="sha256:" + hashlib.sha256(prepared[0].blob).hexdigest(),
                      layer_size=sum(one.layer_size for one in prepared), sent=uploader.sent,

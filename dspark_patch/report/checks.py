@@ -197,6 +197,8 @@ def check_cases(report: AuditReport) -> list[CheckCase]:
         )
 
     p = report.probe
+    # publish carries the in-image job's probe result as that job's claim (model.py ProbeReport)
+    claim = "claimed by the in-image job, not verified by the publisher" if p.claimed_by else ""
     if p.ran:
         for pc in p.cases:
             cases.append(
@@ -204,7 +206,7 @@ def check_cases(report: AuditReport) -> list[CheckCase]:
                     group="probe",
                     name=f"probe: {pc.name}",
                     outcome="passed" if pc.ok else "failed",
-                    message="" if pc.ok else f"probe case {pc.name} failed",
+                    message=claim if pc.ok else f"probe case {pc.name} failed" + (f" ({claim})" if claim else ""),
                     detail=pc.detail,
                 )
             )

@@ -241,6 +241,9 @@ def to_markdown(report: AuditReport) -> str:
     if not pr.ran:
         lines += [f"Not run{': ' + _cell(pr.detail) if pr.detail else '.'}", ""]
     else:
+        if pr.claimed_by:
+            lines += [f"**Claimed by the {_cell(pr.claimed_by)}, not verified by the publisher**: `publish` "
+                      "carried this result from the in-image report and ran nothing.", ""]
         if pr.detail:
             lines += [_cell(pr.detail), ""]
         lines += ["| case | result | detail |", "|---|---|---|"]

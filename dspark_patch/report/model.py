@@ -118,6 +118,12 @@ class CensusEntry:
     verdict: str
 
 
+ProbeClaim = Literal["", "in-image job"]
+# How the probe of a signed predicate stands (verify --attestation): run by the signing run itself,
+# claimed by an in-image job (publish), or not run.
+ProbeStanding = Literal["proven", "claimed", "not-run"]
+
+
 @dataclass(frozen=True, kw_only=True)
 class ProbeReport:
     ok: bool
@@ -133,6 +139,11 @@ class ProbeReport:
     # Where the tree makes the decision the probe's effect case ran ("path:function"; empty for a
     # probe that names none): what `port` writes into a candidate superseded record.
     where: tuple[str, ...] = ()
+    # Who says the result above when the run that wrote this report did not see the probe run:
+    # "in-image job" where `publish` carried the in-image job's result (it has no engine to run
+    # it again), so a signed predicate labels it a claim, never a fact; "" where this report's
+    # own run ran it (apply, verify, probe), or it did not run.
+    claimed_by: ProbeClaim = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -256,6 +267,9 @@ class AttestationReport:
     artifact: str | None = None     # sha256:... of the attestation artifact's manifest
     via: Literal["referrers-api", "fallback-tag"] | None = None
     detail: str = ""                # why it is invalid or missing; empty when it holds
+    # verify --attestation, of a valid one: how the predicate's probe stands (the weakest of an
+    # index's platforms); None when none holds, or when attached rather than checked.
+    probe: ProbeStanding | None = None
 
 
 CheckOutcome = Literal["passed", "failed", "skipped"]
