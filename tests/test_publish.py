@@ -540,3 +540,20 @@ def test_a_source_that_moves_while_publish_runs_is_refused_and_nothing_is_pushed
         assert _writes(log, start) == [] and not _tag_there(address, config, f"{address}/team/moved-source:x")
     finally:
         proxy.close()
+
+
+def test_a_job_in_the_pip_made_fixture_publishes_and_verifies_with_no_engine(
+        login_registry, sources: dict[str, str], tmp_path: Path) -> None:
+    """The pip shape (bytecode pip compiled, USER vllm): the job's layer replaces envs.py's .pyc,
+    with the mode and owner apply writes, and publishes; verify --via registry passes it."""
+    address, _, _ = login_registry
+    out = tmp_path / "job"
+    done = _job(tool_folder(tmp_path / "tool" / "dspark-patch"), out, APPLY, user="0", image=fixture_image())
+    assert done.returncode == 0, done.stderr[-3000:]
+    env = _env(login_registry, tmp_path)
+    dest = f"{address}/team/pip-made:0.33.0-dspark"
+    published = _publish(sources["pip"], out / "layer.tar", out / "r/audit.json", dest, env, "--json")
+    assert published.returncode == 0, published.stderr[-3000:]
+    assert published.json["bytecode_checked"] == published.json["bytecode_recompiled"] == len(VARIANT.files)
+    checked = run("verify", "--image", dest, "--via", "registry", "--report-dir", str(tmp_path / "verify"), env=env)
+    assert checked.returncode == 0, checked.stderr[-3000:]
