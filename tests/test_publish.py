@@ -545,7 +545,7 @@ def test_a_source_that_moves_while_publish_runs_is_refused_and_nothing_is_pushed
 def test_a_job_in_the_pip_made_fixture_publishes_and_verifies_with_no_engine(
         login_registry, sources: dict[str, str], tmp_path: Path) -> None:
     """The pip shape (bytecode pip compiled, USER vllm): the job's layer replaces envs.py's .pyc,
-    with the mode and owner apply writes, and publishes; verify --via registry passes it."""
+    with the mode and owner apply writes, and publishes; both verify routes pass it."""
     address, _, _ = login_registry
     out = tmp_path / "job"
     done = _job(tool_folder(tmp_path / "tool" / "dspark-patch"), out, APPLY, user="0", image=fixture_image())
@@ -557,3 +557,9 @@ def test_a_job_in_the_pip_made_fixture_publishes_and_verifies_with_no_engine(
     assert published.json["bytecode_checked"] == published.json["bytecode_recompiled"] == len(VARIANT.files)
     checked = run("verify", "--image", dest, "--via", "registry", "--report-dir", str(tmp_path / "verify"), env=env)
     assert checked.returncode == 0, checked.stderr[-3000:]
+    _, config, _ = login_registry
+    try:   # and the engine's verify of it, pulled (the probe run in the image)
+        engine = run("verify", "--image", dest, "--report-dir", str(tmp_path / "engine"), env={"DOCKER_CONFIG": str(config)})
+        assert engine.returncode == 0, engine.stderr[-3000:]
+    finally:
+        subprocess.run(["docker", "rmi", "-f", dest], capture_output=True, check=False)
