@@ -17,10 +17,10 @@ from dspark_patch.registry.pool import DEFAULT_CONNECTIONS, RegistryPool, pool_s
 
 def test_retry_after_reads_seconds_and_http_dates_and_nothing_else() -> None:
     now = 1_700_000_000.0
-    assert retry_after("0") == 0 and retry_after(" 7 ") == 7
+    assert retry_after("0") == 0 and retry_after(" 7 ") == 7 and retry_after("9" * 5000) == float("inf")
     assert retry_after("Tue, 14 Nov 2023 22:13:40 GMT", now=now) == 20  # 22:13:20 is `now`
     assert retry_after("Tue, 14 Nov 2023 22:13:00 GMT", now=now) == 0   # already past
-    for said in (None, "", "-1", "1.5", "soon", "Tue, 14 Nov 2023 22:13:40"):
+    for said in (None, "", "-1", "1.5", "²", "soon", "Tue, 14 Nov 2023 22:13:40"):
         assert retry_after(said, now=now) is None, said
 
 
@@ -29,7 +29,7 @@ def test_the_pool_size_is_the_option_else_the_environment_else_eight(monkeypatch
     assert pool_size() == DEFAULT_CONNECTIONS == 8
     monkeypatch.setenv("DSPARK_PATCH_REGISTRY_CONNECTIONS", "3")
     assert pool_size() == 3 and pool_size(1) == 1
-    for bad in ("0", "65", "two", "-1"):
+    for bad in ("0", "65", "two", "-1", "²", "9" * 5000):
         monkeypatch.setenv("DSPARK_PATCH_REGISTRY_CONNECTIONS", bad)
         with pytest.raises(BadInput, match="DSPARK_PATCH_REGISTRY_CONNECTIONS"):
             pool_size()

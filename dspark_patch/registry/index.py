@@ -103,8 +103,8 @@ def retry_after(value: str | None, *, now: float | None = None) -> float | None:
     value = (value or "").strip()
     if not value:
         return None
-    if value.isdigit():
-        return float(int(value))
+    if value.isascii() and value.isdigit():  # not str.isdigit alone: "²" is a digit to it, not to int()
+        return float(int(value[-12:])) if len(value.lstrip("0")) <= 12 else float("inf")
     try:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError, IndexError, OverflowError):

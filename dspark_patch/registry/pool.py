@@ -34,7 +34,7 @@ def pool_size(option: int | None = None) -> int:
     raw = os.environ.get(CONNECTIONS_ENV, "").strip()
     if not raw:
         return DEFAULT_CONNECTIONS
-    if not raw.isdigit() or not 1 <= int(raw) <= MAX_CONNECTIONS:
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 3) or not 1 <= int(raw) <= MAX_CONNECTIONS:
         raise BadInput(f"{CONNECTIONS_ENV}={raw!r} is not a number of connections from 1 to {MAX_CONNECTIONS}",
                        hint=f"set it to the connections opened to one registry at once (default {DEFAULT_CONNECTIONS}), "
                             "or unset it")
