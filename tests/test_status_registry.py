@@ -166,3 +166,121 @@ def test_a_warm_cache_reads_no_layer_from_the_engine_and_says_the_same(fleet: di
     # No `docker save` and no container: the engine was only asked for the images' inspect.
     assert not [e for e in _events(since, until, "image") if e.split()[0] == "save" and any(i in e for i in ids)]
     assert not [e for e in _events(since, until, "container") if any(i in e for i in ids)]
+
+
+# --- the fleet read concurrently: a pool of connections, its faults -------------------------------
+# Refs out of kind order, and one image under two tags (read once, reported under each).
+ORDER = ("added", "patched", "fixture", "edited", "again", "elsewhere")
+
+
+@pytest.fixture(scope="module")
+def warm(pushed: dict[str, str], fleet: dict[str, str], login_registry, tmp_path_factory) -> dict:
+    """The registry route's report of ORDER with the default pool, and the scan cache it left
+    (every later run here is warm: no layer goes through a proxy)."""
+    address, config, log = login_registry
+    again = f"{address}/team/vllm:again"
+    push_only_to_registry(fleet["patched"], again, config)
+    refs = {**pushed, "again": again}
+    cache = tmp_path_factory.mktemp("warm-cache")
+    start = log.stat().st_size
+    env = {"DOCKER_HOST": NO_ENGINE, "DOCKER_CONFIG": str(config), "DSPARK_PATCH_CACHE": str(cache)}
+    code, rows, _ = _status(*(a for k in ORDER for a in ("--image", refs[k])), "--via", "registry", env=env)
+    fetched = _blob_gets(log, start)
+    assert fetched and len(fetched) == len(set(fetched)), "a blob was fetched twice by the pool"
+    return {"refs": refs, "cache": cache, "code": code, "rows": rows, "env": env}
+
+
+def _proxied(address: str, proxy: str, config: Path, tmp_path: Path) -> Path:
+    """A DOCKER_CONFIG holding the registry's login for the proxy's address too."""
+    data = json.loads((config / "config.json").read_text())
+    data["auths"][proxy] = data["auths"][address]
+    folder = tmp_path / "proxy-config"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(data))
+    return folder
+
+
+def test_a_pool_of_one_gives_the_default_pools_report_in_the_order_given(warm: dict, login_registry) -> None:
+    rows, refs = warm["rows"], warm["refs"]
+    assert warm["code"] == 1 and [r["ref"] for r in rows] == [refs[k] for k in ORDER]
+    assert [r["error"] for r in rows] == [None] * len(ORDER)
+    by_kind = dict(zip(ORDER, rows, strict=True))
+    assert _same(by_kind["again"]) == _same(by_kind["patched"]) and by_kind["patched"]["patch_sets"][PATCH_ID] == "applied"
+    args = [a for k in ORDER for a in ("--image", refs[k])]
+    _, _, log = login_registry
+    start = log.stat().st_size
+    code, one, _ = _status(*args, "--via", "registry", "--registry-connections", "1", "--jobs", "1", env=warm["env"])
+    assert (code, one) == (warm["code"], rows)
+    code, by_env, _ = _status(*args, "--via", "registry", env={**warm["env"], "DSPARK_PATCH_REGISTRY_CONNECTIONS": "1"})
+    assert (code, by_env) == (warm["code"], rows)
+    configs = {r["id"] for r in rows}
+    assert set(_blob_gets(log, start)) <= configs, "a warm run fetched a layer"
+
+
+def test_a_pool_size_that_is_not_a_count_is_one_line_before_any_request(tmp_path: Path) -> None:
+    res = run("status", "--via", "registry", "--image", "127.0.0.1:9/team/vllm:x",
+              env={"DOCKER_HOST": NO_ENGINE, "DSPARK_PATCH_REGISTRY_CONNECTIONS": "0"})
+    assert res.returncode == 2 and "DSPARK_PATCH_REGISTRY_CONNECTIONS='0'" in res.stderr
+    assert "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) <= 2
+
+
+@pytest.mark.parametrize("http_date", [False, True], ids=["seconds", "http-date"])
+def test_a_registry_that_answers_429_gets_the_wait_it_asks_for(warm: dict, login_registry, tmp_path: Path,
+                                                               http_date: bool) -> None:
+    from tests.support.fault_proxy import Faults, fault_proxy
+
+    address, config, _ = login_registry
+    # Every manifest and every config: each answered 429 first, and again if asked too early.
+    faults = Faults(throttle=r"/manifests/|/blobs/", wait_s=1, http_date=http_date)
+    with fault_proxy(address, faults) as proxy:
+        env = {**warm["env"], "DOCKER_CONFIG": str(_proxied(address, proxy, config, tmp_path))}
+        refs = [warm["refs"][k].replace(address, proxy) for k in ORDER]
+        code, rows, _ = _status(*(a for r in refs for a in ("--image", r)), "--via", "registry", env=env)
+    assert code == warm["code"] and [r["ref"] for r in rows] == refs
+    assert [_same(r) for r in rows] == [_same(r) for r in warm["rows"]]
+    asked = {p for p in faults.requests if re.search(r"/manifests/|/blobs/", p)}
+    assert asked and set(faults.throttled) == asked
+    # One 429 per path: the client never came back before the wait had passed.
+    assert all(n == 1 for n in faults.throttled.values()), faults.throttled
+    assert all(faults.requests[p] >= 2 for p in asked)
+
+
+def test_a_wait_longer_than_the_timeout_is_one_line_at_once(warm: dict, login_registry, tmp_path: Path) -> None:
+    from tests.support.fault_proxy import Faults, fault_proxy
+
+    address, config, _ = login_registry
+    faults = Faults(throttle=r"/manifests/", wait_s=30)
+    with fault_proxy(address, faults) as proxy:
+        env = {**warm["env"], "DOCKER_CONFIG": str(_proxied(address, proxy, config, tmp_path)),
+               "DSPARK_PATCH_REGISTRY_TIMEOUT": "5"}
+        ref = warm["refs"]["patched"].replace(address, proxy)
+        code, rows, _ = _status("--image", ref, "--via", "registry", env=env)
+    assert code == 3 and "asks to wait 30 s" in rows[0]["error"] and not rows[0]["patch_sets"]
+    assert sum(faults.requests.values()) - faults.requests["/v2/"] == 1  # asked once, no retry
+
+
+def test_an_answer_broken_off_mid_body_is_read_again_or_is_one_line_never_a_verdict(
+        warm: dict, login_registry, tmp_path: Path) -> None:
+    from tests.support.fault_proxy import Faults, fault_proxy
+
+    address, config, _ = login_registry
+    by_kind = dict(zip(ORDER, warm["rows"], strict=True))
+    # Once per manifest: each is read again, and the report is the same.
+    faults = Faults(drop=r"/manifests/", drop_times=1)
+    with fault_proxy(address, faults) as proxy:
+        env = {**warm["env"], "DOCKER_CONFIG": str(_proxied(address, proxy, config, tmp_path))}
+        refs = [warm["refs"][k].replace(address, proxy) for k in ORDER]
+        code, rows, _ = _status(*(a for r in refs for a in ("--image", r)), "--via", "registry", env=env)
+        assert faults.dropped and all(faults.requests[p] >= 2 for p in faults.dropped)
+        assert code == warm["code"] and [_same(r) for r in rows] == [_same(r) for r in warm["rows"]]
+
+        # Always, for one image's config: that row is one line (exit 3), the others are as they were.
+        faults.drop, faults.drop_times = f"/blobs/{by_kind['edited']['id']}", 1000
+        faults.dropped.clear()
+        code, rows, _ = _status(*(a for r in refs for a in ("--image", r)), "--via", "registry", env=env)
+    assert code == 3
+    for kind, row in zip(ORDER, rows, strict=True):
+        if kind == "edited":
+            assert "broke off" in row["error"] and "\n" not in row["error"] and not row["patch_sets"], row
+        else:
+            assert _same(row) == _same(by_kind[kind]), kind

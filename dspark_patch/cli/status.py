@@ -29,6 +29,7 @@ def status(
     platform: Annotated[str | None, typer.Option("--platform", help="os/arch passed to the engine when it makes the (never started) container; with --via registry, the platforms of an index to read (a comma list; default all).")] = None,
     pull: Annotated[str, typer.Option("--pull", help="never (default: read only what the engine has), missing, always.")] = "never",
     jobs: Annotated[int, typer.Option("--jobs", min=1, max=64, help="Images read at once (--via container, --via registry).")] = 4,
+    registry_connections: Annotated[int | None, typer.Option("--registry-connections", min=1, max=64, help="With --via registry: connections open to one registry at once, shared by all the images read (manifests and configs are read side by side). Default: DSPARK_PATCH_REGISTRY_CONNECTIONS, else 8.")] = None,
     via: Annotated[str, typer.Option("--via", help="auto (default: container for one image, layers for several; registry when no engine answers or an image is only in its registry), layers (one save of all images' layers: a layer shared by many is read once), container (a never-started container per image, read through the archive API) or registry (manifests and layers straight from the registry, no engine; every platform of an index unless --platform).")] = "auto",
     cache_max: Annotated[str | None, typer.Option("--cache-max", help="Bound of the layer-scan cache ($DSPARK_PATCH_CACHE/scans, default ~/.cache/dspark-patch/scans), e.g. 500M or 2G; 0 turns it off. Default: DSPARK_PATCH_CACHE_MAX, else 1G.")] = None,
     as_json: common.JsonOpt = False,
@@ -67,7 +68,8 @@ def status(
 
     request = StatusRequest(images=refs, roots=roots, platform=platform, pull=pull, jobs=jobs, via=via,  # type: ignore[arg-type]
                             key=str(key) if key else None, shard=parse_shard(shard) if shard is not None else None,
-                            cache_max=parse_size(cache_max, "--cache-max") if cache_max is not None else None)
+                            cache_max=parse_size(cache_max, "--cache-max") if cache_max is not None else None,
+                            connections=registry_connections)
     fleet = run_status(request, on_progress=_progress(not as_json))
     _write(fleet, report_dir, junit)
     if as_json:

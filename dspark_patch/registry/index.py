@@ -11,11 +11,16 @@ Manifests are kept as the bytes the registry served: a digest is the sha256 of t
 re-serialising JSON would change it. What a served body must be is `manifest.py`'s (strict,
 pure). HTTP and credentials (Docker's config.json; basic or token auth) are oras-py's
 (`oras.provider.Registry` and its session); this module chooses the requests and bounds them:
-a timeout on each, one attempt (no minutes of back-off), a body of at most 4 MiB.
+a timeout on each, one attempt (no minutes of back-off), a body of at most 4 MiB. Two answers
+are not the registry's last word, and a read (GET, HEAD) is sent again for them: a 429 or 503
+with `Retry-After` (seconds or an HTTP date), after the wait it asks for when that wait fits in
+the request timeout (`retry_after`, at most `MAX_WAITS` times); and an answer broken off in its
+body (the connection closed mid-answer), once.
 """
 
 from __future__ import annotations
 
+import email.utils
 import json
 import os
 import tempfile
@@ -63,6 +68,10 @@ ANSWER_DEADLINE_S = 120.0
 # registries): a CI job on a slow link raises it, a check that must fail fast lowers it.
 TIMEOUT_ENV = "DSPARK_PATCH_REGISTRY_TIMEOUT"
 DEFAULT_TIMEOUT_S = 10.0
+# A registry that sheds load (429 Too Many Requests, 503) says when to come back; a read waits
+# that long at most this many times, each wait no longer than the request timeout.
+MAX_WAITS = 3
+_IDEMPOTENT = frozenset({"GET", "HEAD"})
 
 
 def request_timeout() -> float:
@@ -82,6 +91,27 @@ def request_timeout() -> float:
 
 class RegistryUnreachable(EnvironmentProblem):
     kind = "registry-unreachable"
+
+
+class AnswerBrokenOff(RegistryUnreachable):
+    """The connection closed in the middle of an answer's body: a read is sent once more."""
+
+
+def retry_after(value: str | None, *, now: float | None = None) -> float | None:
+    """The seconds a `Retry-After` header asks to wait: delay-seconds or an HTTP date (RFC 9110
+    10.2.3; a date already past is 0); None when it is absent or neither."""
+    value = (value or "").strip()
+    if not value:
+        return None
+    if value.isascii() and value.isdigit():  # not str.isdigit alone: "²" is a digit to it, not to int()
+        return float(int(value[-12:])) if len(value.lstrip("0")) <= 12 else float("inf")
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    if when.tzinfo is None:  # an HTTP date is in GMT and says so
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
 def registry_host(ref: str) -> str | None:
@@ -244,7 +274,8 @@ class Registry:
     byte more is a `BadManifest` (exit 2), as is a body that is not a manifest.
     """
 
-    def __init__(self, host: str, *, insecure: bool | None = None, timeout_s: float | None = None) -> None:
+    def __init__(self, host: str, *, insecure: bool | None = None, timeout_s: float | None = None,
+                 scheme: str | None = None) -> None:
         self.host = host
         timeout_s = request_timeout() if timeout_s is None else timeout_s
         if insecure is None:
@@ -254,10 +285,11 @@ class Registry:
         self._prefix = "http" if insecure else "https"
         self._timeout_s = timeout_s
         # Basic-auth registries (htpasswd) and token registries need different oras backends;
-        # the /v2/ challenge says which. Asking first also fails fast on a dead registry.
+        # the /v2/ challenge says which. Asking first also fails fast on a dead registry. A pool's
+        # further clients of one registry (registry/pool.py) are given the first one's `scheme`.
         import oras.provider
 
-        scheme = self._challenge_scheme()
+        self.scheme = scheme = self._challenge_scheme() if scheme is None else scheme
         self._needs_login = scheme == "basic"
         self._client = oras.provider.Registry(
             hostname=host, insecure=insecure, auth_backend="basic" if scheme == "basic" else "token"
@@ -301,20 +333,45 @@ class Registry:
     def _request(self, url: str, method: str, doing: str, *, limit: int, headers: dict[str, str],
                  data: bytes | None = None) -> tuple[requests.Response, bytes]:
         """One request through oras' client (its auth, its session), the answer read whole but
-        bounded: at most `limit` bytes and `ANSWER_DEADLINE_S` seconds."""
+        bounded: at most `limit` bytes and `ANSWER_DEADLINE_S` seconds. A read whose answer breaks
+        off mid-body is sent once more (a fresh connection); a second break is the error."""
+        for attempt in (1, 2):
+            answer = self._send(url, method, doing, data=data, headers=dict(headers), stream=True)
+            with answer:
+                try:
+                    return answer, self._read(answer, doing, limit)
+                except AnswerBrokenOff:
+                    if attempt == 2 or method not in _IDEMPOTENT:
+                        raise
+        raise AssertionError("unreachable")
+
+    def _send(self, url: str, method: str, doing: str, **kwargs: Any) -> requests.Response:
+        """One request, its answer unread. A read the registry answers 429 or 503 with a
+        `Retry-After` is sent again after that wait, at most `MAX_WAITS` times, while the wait fits
+        in the request timeout; a longer wait is one line at once, never a stall."""
         import oras.auth
         import requests
 
-        try:
-            answer = _one_request(self._client, url, method, data=data, headers=headers, stream=True)
-        except requests.RequestException as exc:
-            raise RegistryUnreachable(f"registry {self.host} did not answer {doing} ({type(exc).__name__})",
-                                      hint="check that the registry is running and reachable") from None
-        except (ValueError, oras.auth.AuthenticationException) as exc:  # oras: an auth challenge it cannot meet
-            raise RegistryRefused(f"{self.host} refused {doing}: {exc}",
-                                  hint=f"log in with `docker login {self.host}`") from None
-        with answer:
-            return answer, self._read(answer, doing, limit)
+        for waited in range(MAX_WAITS + 1):
+            try:
+                answer = _one_request(self._client, url, method, **kwargs)
+            except requests.RequestException as exc:
+                raise RegistryUnreachable(f"registry {self.host} did not answer {doing} ({type(exc).__name__})",
+                                          hint="check that the registry is running and reachable") from None
+            except (ValueError, oras.auth.AuthenticationException) as exc:  # oras: an auth challenge it cannot meet
+                raise RegistryRefused(f"{self.host} refused {doing}: {exc}",
+                                      hint=f"log in with `docker login {self.host}`") from None
+            wait = retry_after(answer.headers.get("Retry-After")) if answer.status_code in (429, 503) else None
+            if wait is None or method not in _IDEMPOTENT or waited == MAX_WAITS:
+                return answer
+            answer.close()
+            if wait > self._timeout_s:
+                raise RegistryUnreachable(
+                    f"registry {self.host} answered {doing} with HTTP {answer.status_code} and asks to wait "
+                    f"{wait:.0f} s, longer than the {self._timeout_s:g} s a request may wait",
+                    hint=f"try again later, or raise {TIMEOUT_ENV}")
+            time.sleep(wait)
+        raise AssertionError("unreachable")
 
     def _read(self, answer: requests.Response, doing: str, limit: int) -> bytes:
         import requests
@@ -336,8 +393,8 @@ class Registry:
                                               f"to answer {doing}", hint="check the registry and the network")
                 chunks.append(chunk)
         except requests.RequestException as exc:
-            raise RegistryUnreachable(f"registry {self.host} broke off its answer to {doing} ({type(exc).__name__})",
-                                      hint="check that the registry is running and reachable") from None
+            raise AnswerBrokenOff(f"registry {self.host} broke off its answer to {doing} ({type(exc).__name__})",
+                                  hint="check that the registry is running and reachable") from None
         return b"".join(chunks)
 
     def fetch(self, reference: str) -> Manifest:
@@ -445,17 +502,7 @@ class Registry:
         container = self._container(ImageRef.parse(reference).name)
         url = f"{self._prefix}://{container.get_blob_url(digest)}"
         doing = f"reading {digest} of {reference}"
-        import oras.auth
-        import requests
-
-        try:
-            answer = _one_request(self._client, url, "GET", headers={}, stream=True)
-        except requests.RequestException as exc:
-            raise RegistryUnreachable(f"registry {self.host} did not answer {doing} ({type(exc).__name__})",
-                                      hint="check that the registry is running and reachable") from None
-        except (ValueError, oras.auth.AuthenticationException) as exc:
-            raise RegistryRefused(f"{self.host} refused {doing}: {exc}",
-                                  hint=f"log in with `docker login {self.host}`") from None
+        answer = self._send(url, "GET", doing, headers={}, stream=True)
         if answer.status_code >= 300:
             with answer:
                 said = next(answer.iter_content(200), b"") if answer.status_code != 404 else b""
@@ -520,7 +567,7 @@ class Registry:
 
 __all__ = [
     "ACCEPT", "ATTESTATION_ANNOTATION", "DOCKER_LIST", "DOCKER_MANIFEST", "INDEX_TYPES", "MANIFEST_LIMIT",
-    "OCI_INDEX", "OCI_MANIFEST", "BadManifest", "Entry", "ImageIndex", "Manifest", "Registry",
+    "OCI_INDEX", "OCI_MANIFEST", "AnswerBrokenOff", "BadManifest", "Entry", "ImageIndex", "Manifest", "Registry",
     "RegistryRefused", "RegistryUnreachable", "check_before_pull", "check_republished", "compose_index",
-    "digest_of", "docker_config_file", "parse_index", "registry_host", "republish",
+    "digest_of", "docker_config_file", "parse_index", "registry_host", "republish", "retry_after",
 ]

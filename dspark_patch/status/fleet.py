@@ -49,6 +49,7 @@ class StatusRequest:
     key: str | None = None   # a public key (PEM): also report each applied patch set's attestation
     shard: Shard | None = None  # read only this share of roots + images (status/shard.py)
     cache_max: int | None = None   # the scan cache's bound in bytes (None: DSPARK_PATCH_CACHE_MAX or 1 GiB)
+    connections: int | None = None  # clients open to one registry at once (None: DSPARK_PATCH_REGISTRY_CONNECTIONS or 8)
 
     def __post_init__(self) -> None:
         # Before any work: a password in a reference would reach the engine, the registry and the
@@ -195,10 +196,12 @@ def scan_cache(request: StatusRequest, patchsets: Sequence[PatchSet]) -> ScanCac
 
 def _from_registry(request: StatusRequest, patchsets: Sequence[PatchSet], progress: ProgressCallback,
                    refs: Sequence[str], *, absent_ok: bool = False) -> dict[str, tuple[ImageStatus, ...] | None]:
+    from ..registry.pool import pool_size
     from .registry_route import RegistryReader, read_all
 
     reader = RegistryReader(patchsets=patchsets, retain_paths=patched_paths(patchsets), cache=scan_cache(request, patchsets),
-                            platform=request.platform, row=row_from_site, error_row=_error_row, unreadable=unreadable)
+                            platform=request.platform, row=row_from_site, error_row=_error_row, unreadable=unreadable,
+                            connections=pool_size(request.connections))
     return read_all(reader, refs, jobs=request.jobs, absent_ok=absent_ok, progress=progress)
 
 
