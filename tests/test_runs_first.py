@@ -13,7 +13,6 @@ naming it, `verify` fails naming it, and `apply` refuses with one line, exit 1, 
 
 from __future__ import annotations
 
-import io
 import uuid
 from pathlib import Path
 
@@ -22,7 +21,7 @@ import pytest
 
 from tests.support.cli import run
 from tests.support.containers import left_by
-from tests.support.images import official_image
+from tests.support.images import official_variants
 
 pytestmark = pytest.mark.engine
 
@@ -83,23 +82,8 @@ STATUS_NAMES = {"pth-in-another-site-folder": f"{OTHER_SITE}/zz-hook.pth: runs `
 
 @pytest.fixture(scope="module")
 def images():
-    client = docker.from_env()
-    base = official_image()
-    made: dict[str, str] = {}
-    try:
-        for name, (lines, _) in {**CASES, **STARTED_CASES}.items():
-            dockerfile = "\n".join([f"FROM {base}", "USER root", *lines, "USER 2000"]) + "\n"
-            tag = f"dspark-patch/test-runs-first:{name}-{uuid.uuid4().hex[:6]}"
-            client.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag=tag, network_mode="none", rm=True,
-                                forcerm=True)
-            made[name] = tag
+    with official_variants({case: lines for case, (lines, _) in {**CASES, **STARTED_CASES}.items()}, "runs-first") as made:
         yield made
-    finally:
-        for tag in made.values():
-            try:
-                client.images.remove(tag, force=True)
-            except docker.errors.ImageNotFound:
-                pass
 
 
 def test_both_status_routes_name_what_runs_first(images: dict[str, str]) -> None:

@@ -12,16 +12,13 @@ with the warnings hook refuses (exit 1), and no tag is written.
 
 from __future__ import annotations
 
-import io
 import subprocess
-import uuid
 from pathlib import Path
 
-import docker
 import pytest
 
 from tests.support.cli import run
-from tests.support.images import official_image
+from tests.support.images import official_variants
 from tests.support.registry import login_registry_in, push_only_to_registry
 from tests.support.tool_folder import tool_folder
 from tests.test_in_image import APPLY, _job
@@ -41,23 +38,8 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def images():
-    client = docker.from_env()
-    base = official_image()
-    made: dict[str, str] = {}
-    try:
-        for name, (lines, _) in CASES.items():
-            dockerfile = "\n".join([f"FROM {base}", "USER root", *lines, "USER 2000"]) + "\n"
-            tag = f"dspark-patch/test-start-hooks:{name}-{uuid.uuid4().hex[:6]}"
-            client.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag=tag, network_mode="none", rm=True,
-                                forcerm=True)
-            made[name] = tag
+    with official_variants({case: lines for case, (lines, _) in CASES.items()}, "start-hooks") as made:
         yield made
-    finally:
-        for tag in made.values():
-            try:
-                client.images.remove(tag, force=True)
-            except docker.errors.ImageNotFound:
-                pass
 
 
 def test_both_status_routes_name_each_hook(images: dict[str, str]) -> None:

@@ -8,10 +8,12 @@ never skipped.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import subprocess
 import tarfile
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -129,3 +131,29 @@ def tiny_layer(path: str, data: bytes) -> bytes:
         member.size, member.mode = len(data), 0o644
         tar.addfile(member, io.BytesIO(data))
     return buffer.getvalue()
+
+
+@contextlib.contextmanager
+def official_variants(cases: Mapping[str, Sequence[str]], name: str) -> Iterator[dict[str, str]]:
+    """One image per case: the official shape with the case's Dockerfile lines run as root (USER
+    2000 after them), tagged dspark-patch/test-NAME:CASE-…; removed when the block ends."""
+    import uuid
+
+    import docker
+
+    client = docker.from_env()
+    made: dict[str, str] = {}
+    try:
+        for case, lines in cases.items():
+            dockerfile = "\n".join([f"FROM {official_image()}", "USER root", *lines, "USER 2000"]) + "\n"
+            tag = f"dspark-patch/test-{name}:{case}-{uuid.uuid4().hex[:6]}"
+            client.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag=tag, network_mode="none", rm=True,
+                                forcerm=True)
+            made[case] = tag
+        yield made
+    finally:
+        for tag in made.values():
+            try:
+                client.images.remove(tag, force=True)
+            except docker.errors.ImageNotFound:
+                pass
