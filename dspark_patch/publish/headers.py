@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from ..references import bytecode_source
 from ..targets.layers import LayerScan
 from ..targets.layers.merge import owner
 from ..targets.layers.new_layer import LayerEntry
@@ -41,9 +42,8 @@ def expected_owner(path: str, *, folder: bool, deleted: bool, lower: Sequence[La
         return NEW_FILE
     if folder:
         return owner(lower, path) or NEW_FOLDER
-    if path.endswith(".pyc") and "/__pycache__/" in path:
-        above, _, name = path.rpartition("/")
-        source = f"{above.rpartition('/')[0]}/{name.split('.', 1)[0]}.py"
+    source = bytecode_source(path)
+    if source is not None:
         mode = (owner(lower, source) or NEW_FILE)[0]
         return (mode | 0o200) & 0o666 & ~UMASK, 0, 0
     return owner(lower, path) or NEW_FILE

@@ -31,6 +31,7 @@ import tarfile
 from collections.abc import Sequence
 
 from ..errors import BadInput, CheckFailed
+from ..references import bytecode_source
 from ..report.status_model import ImageStatus
 from ..status.bytecode import cache_tag, compare, interpreter_for, minor_magic
 from ..targets.layers import LayerView
@@ -156,14 +157,13 @@ def prove_bytecode(claim: Claim, layer: bytes, entries: Sequence[LayerEntry], py
             return member.read()
 
         for path in pycs:
-            folder, _, name = path.rpartition("/")
-            source = f"{folder.rpartition('/')[0]}/{name.split('.', 1)[0]}.py"
+            source = bytecode_source(path)   # the layer's .pyc are those of patched modules (prove_layer)
             pyc = body(path)
             flags = int.from_bytes(pyc[4:8], "little") if len(pyc) >= 16 else -1
-            if pyc[:4] != magic or not flags & 0b1 or ".opt-" in name:
+            if pyc[:4] != magic or not flags & 0b1 or ".opt-" in path.rpartition("/")[2]:
                 raise refuse(f"{path} in the layer is not checked-hash bytecode of Python {claim.python_minor}",
                              hint="publish the layer the in-image run wrote, unchanged")
-            if source not in files or pyc[8:16] != _imp.source_hash(int.from_bytes(magic, "little"), body(source)):
+            if source is None or source not in files or pyc[8:16] != _imp.source_hash(int.from_bytes(magic, "little"), body(source)):
                 raise refuse(f"{path} in the layer embeds the hash of another source than {source}",
                              hint="publish the layer the in-image run wrote, unchanged")
             items.append({"source": body(source), "pyc": pyc, "filename": source, "opt": 0, "checked": bool(flags & 0b10)})

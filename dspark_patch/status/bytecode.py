@@ -150,23 +150,20 @@ def check(site: SiteFiles, python: str | None = None) -> BytecodeCheck:
         flags = int.from_bytes(header[4:8], "little")
         ours = header[:4] == importlib.util.MAGIC_NUMBER
         kept = pyc in site.retained and source in site.retained
-        if flags & 0b1 and not ours and kept and header[:4] == image_magic:
-            if not other:
-                unrecompiled.append(pyc)
+        if flags & 0b1:
+            # the source hash its header must name: this host's own (kept for every source), or,
+            # for a kept module of the image's other minor, one computed under its magic number
+            other_minor = not ours and kept and header[:4] == image_magic
+            expected = source_hash if ours else None
+            if other_minor and other:
+                expected = _imp.source_hash(int.from_bytes(header[:4], "little"), site.retained[source])
+            if expected is None:
+                if other_minor:
+                    unrecompiled.append(pyc)   # no interpreter of that minor on this host
                 not_verified += 1
-            elif header[8:16] != _imp.source_hash(int.from_bytes(header[:4], "little"), site.retained[source]):
+            elif header[8:16] != expected:
                 findings.append(f"{pyc}: checked-hash bytecode whose source hash is not {source}'s")
-            else:
-                opt = _OPT.search(name)
-                to_compare.append((pyc, source, {"source": site.retained[source], "pyc": site.retained[pyc],
-                                                 "filename": f"{site.location}/{source}",
-                                                 "opt": int(opt.group(1)) if opt else 0, "checked": bool(flags & 0b10)}))
-        elif flags & 0b1:
-            if not ours or source_hash is None:
-                not_verified += 1
-            elif header[8:16] != source_hash:
-                findings.append(f"{pyc}: checked-hash bytecode whose source hash is not {source}'s")
-            elif pyc in site.retained and source in site.retained:
+            elif kept:
                 opt = _OPT.search(name)
                 to_compare.append((pyc, source, {"source": site.retained[source], "pyc": site.retained[pyc],
                                                  "filename": f"{site.location}/{source}",

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 
 from ...errors import CheckFailed
-from .tarstream import Member, TarStream
+from .tarstream import TarStream
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,7 +78,7 @@ def layer_entries(layer: bytes) -> tuple[LayerEntry, ...]:
             raise CheckFailed(f"the new layer makes /{folder_name} opaque (it would hide the folder's lower contents)")
         if member.kind == "file" and base.startswith(".wh."):
             entries.append(LayerEntry(path=f"/{folder_name}/{base[4:]}" if folder_name else f"/{base[4:]}",
-                                      folder=False, sha256=None, deleted=True, owner=_owner(member), pax=member.pax))
+                                      folder=False, sha256=None, deleted=True, owner=member.owner, pax=member.pax))
             continue
         if member.kind not in ("file", "dir"):
             raise CheckFailed(f"the new layer holds {member.name}, which is neither a file nor a folder")
@@ -89,9 +89,5 @@ def layer_entries(layer: bytes) -> tuple[LayerEntry, ...]:
                 h.update(chunk)
             digest = h.hexdigest()
         entries.append(LayerEntry(path="/" + member.name, folder=member.kind == "dir", sha256=digest,
-                                  owner=_owner(member), pax=member.pax))
+                                  owner=member.owner, pax=member.pax))
     return tuple(entries)
-
-
-def _owner(member: Member) -> tuple[int, int, int]:
-    return member.mode & 0o7777, member.uid, member.gid

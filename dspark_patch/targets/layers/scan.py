@@ -136,7 +136,7 @@ def scan_layer(fileobj: BinaryIO, *, where: str, retain: RetainPredicate, limits
             present.setdefault(path_key(f), True)
         owners.pop(h, None)
         if is_dir:
-            owners[h] = (member.mode & 0o7777, member.uid, member.gid)
+            owners[h] = member.owner
         if member.kind == "symlink":
             entries[path] = Entry("symlink", target=member.linkname)
             order[path] = member.index
@@ -153,7 +153,7 @@ def scan_layer(fileobj: BinaryIO, *, where: str, retain: RetainPredicate, limits
         wanted = retain(path, member.kind)
         if not wanted:
             continue
-        owners[h] = (member.mode & 0o7777, member.uid, member.gid)
+        owners[h] = member.owner
         order[path] = member.index
         if member.kind == "dir":
             entries[path] = Entry("dir")

@@ -70,6 +70,11 @@ class Member:
     gid: int = 0
     pax: tuple[str, ...] = ()   # the keys of its PAX records (xattrs, ACLs, names... as written)
 
+    @property
+    def owner(self) -> tuple[int, int, int]:
+        """(permission bits, uid, gid): what a layer rewriting this path must keep."""
+        return self.mode & 0o7777, self.uid, self.gid
+
 
 class TarStream:
     """Iterate the members of one tar stream; `chunks()` streams the current member's data.
