@@ -17,7 +17,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Literal
 
-from . import ownfiles, supersession
+from . import ownfiles, supersession, tomltable
 from .errors import BadInput, InvalidPatchSet, UnknownPatchSet, UnsupportedRelease
 
 DEFAULT_PATCH_SET = "dspark-skip-mtp-buffer"
@@ -257,8 +257,8 @@ def load_dir(folder: Path) -> PatchSet:
     except RecursionError:
         raise InvalidPatchSet(f"{where}: not valid TOML: nested too deeply", hint="fix the file") from None
 
-    _keys(doc, allowed=_TOP_KEYS, required=_REQUIRED_TOP, where=where)
-    pid = _str(doc, "id", where)
+    tomltable.keys(doc, allowed=_TOP_KEYS, required=_REQUIRED_TOP, where=where)
+    pid = tomltable.string(doc, "id", where)
     if not _ID.match(pid):
         raise InvalidPatchSet(f"{where}: id {pid!r} must be lower-case letters, digits, '.', '_' or '-'")
     if pid != folder.name:
@@ -292,8 +292,8 @@ def load_dir(folder: Path) -> PatchSet:
     superseded = _superseded(folder, doc.get("superseded", []), seen, where=where, has_probe=probe is not None,
                              default_cases=effects)
     return PatchSet(
-        id=pid, title=_str(doc, "title", where), summary=_str(doc, "summary", where),
-        distribution=_str(doc, "distribution", where), strip=strip, probe=probe, probe_modules=probe_modules,
+        id=pid, title=tomltable.string(doc, "title", where), summary=tomltable.string(doc, "summary", where),
+        distribution=tomltable.string(doc, "distribution", where), strip=strip, probe=probe, probe_modules=probe_modules,
         probe_beside=beside, source=folder, variants=variants, requires=requires, superseded=superseded,
         effect_cases=effects, env=env,
     )
@@ -422,12 +422,12 @@ def _read(path: Path, *, limit: int, what: str) -> bytes:
 def _variant(folder: Path, raw: object, *, where: str) -> Variant:
     if not isinstance(raw, dict):
         raise InvalidPatchSet(f"{where}: must be a table")
-    _keys(raw, allowed=_VARIANT_KEYS, required=_REQUIRED_VARIANT, where=where)
-    name = _str(raw, "name", where)
+    tomltable.keys(raw, allowed=_VARIANT_KEYS, required=_REQUIRED_VARIANT, where=where)
+    name = tomltable.string(raw, "name", where)
     releases = raw["releases"]
     if not isinstance(releases, list) or not releases or not all(isinstance(r, str) and r for r in releases):
         raise InvalidPatchSet(f"{where}: releases must be a non-empty list of version strings")
-    diff_name = _str(raw, "diff", where)
+    diff_name = tomltable.string(raw, "diff", where)
     diff_path = _inside(folder, diff_name, what="diff", where=where)
     if not os.path.lexists(diff_path):
         raise InvalidPatchSet(f"{where}: diff file {diff_name} is missing from {folder}")
@@ -440,7 +440,7 @@ def _variant(folder: Path, raw: object, *, where: str) -> Variant:
         fwhere = f"{where} files.{path!r}"
         if not isinstance(hashes, dict):
             raise InvalidPatchSet(f"{fwhere}: must be a table with pre_sha256 and post_sha256")
-        _keys(hashes, allowed=_FILE_KEYS, required=set(), where=fwhere)
+        tomltable.keys(hashes, allowed=_FILE_KEYS, required=set(), where=fwhere)
         pre = hashes.get("pre_sha256")
         post = hashes.get("post_sha256")
         for key, value in (("pre_sha256", pre), ("post_sha256", post)):
@@ -460,17 +460,3 @@ def _variant(folder: Path, raw: object, *, where: str) -> Variant:
                    review=_REVIEW_STATES[review], ported_from=ported_from)
 
 
-def _keys(table: dict, *, allowed: set[str], required: set[str], where: str) -> None:
-    unknown = sorted(set(table) - allowed)
-    if unknown:
-        raise InvalidPatchSet(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
-    missing = sorted(required - set(table))
-    if missing:
-        raise InvalidPatchSet(f"{where}: missing key(s) {', '.join(missing)}")
-
-
-def _str(table: dict, key: str, where: str) -> str:
-    value = table[key]
-    if not isinstance(value, str) or not value.strip():
-        raise InvalidPatchSet(f"{where}: {key} must be a non-empty string")
-    return value

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from . import tomltable
 from .errors import InvalidPatchSet
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -58,12 +59,7 @@ def parse(raw: object, *, where: str, has_probe: bool, default_cases: tuple[str,
     """One `[[superseded]]` table; its `effect_cases` default to the patch set's own."""
     if not isinstance(raw, dict):
         raise InvalidPatchSet(f"{where}: must be a table")
-    unknown = sorted(set(raw) - _KEYS)
-    if unknown:
-        raise InvalidPatchSet(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(_KEYS))}")
-    missing = sorted(_REQUIRED - set(raw))
-    if missing:
-        raise InvalidPatchSet(f"{where}: missing key(s) {', '.join(missing)}")
+    tomltable.keys(raw, allowed=_KEYS, required=_REQUIRED, where=where)
     if not has_probe:
         raise InvalidPatchSet(f"{where}: a superseded record needs the patch set's probe: its effect cases are the proof",
                               hint="add a probe whose cases test the change's effect, or leave the record out")

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.engine
 APPLY_STEPS = ("open target", "load patch", "locate", "other copies", "plan", "integrity", "write", "re-read",
                "compile", "layer", "probe", "runtime", "layers", "commit", "tag")
 VERIFY_STEPS = ("open target", "load patch", "locate", "patched files", "integrity", "other copies", "runtime",
-                "as started", "labels", "probe")
+                "as started", "labels", "layer", "probe")
 STATUS_POINTS = ("status: start 1", "status: done 1", "status: start 2", "status: done 2", "status: write")
 SAID = {signal.SIGINT: "dspark-patch: interrupted; nothing was committed",
         signal.SIGTERM: "dspark-patch: terminated; nothing was committed"}

@@ -33,7 +33,7 @@ from .image_steps import (
     unimported_copies,
 )
 from .integrity_check import check_base, check_integrity, integrity_problems
-from .our_layer import OurLayer, UnderOurLayer, check_our_layer, labelled, our_layer, top_layer_scan
+from .our_layer import OurLayer, UnderOurLayer, check_our_layer, labelled, our_layer, top_layer_scan, verify_top_layer
 from .requests import ApplyRequest, ImageSpec, LocalSpec, ProbeRequest, TargetSpec, VerifyRequest
 from .resolve import ImageSource, LocalSource, Source
 from .runlog import ResultCallback, RunLog, StepCallback, target_report, with_distribution
@@ -340,13 +340,10 @@ def _verify(request: VerifyRequest, target: Target, run: RunLog) -> AuditReport:
 
     with run.step("patched files"):
         for fp in diff.files:
-            current = reader(fp.path)
-            current_sha = sha256_of(current)
             expected = variant.files.get(fp.path)
-            expected_post = expected.post_sha256 if expected else None
-            expected_pre = expected.pre_sha256 if expected else None
-            found = FileReport(path=fp.path, action=fp.action, pre_sha256=None, post_sha256=current_sha,
-                               expected_pre_sha256=expected_pre, expected_post_sha256=expected_post)
+            found = FileReport(path=fp.path, action=fp.action, pre_sha256=None, post_sha256=sha256_of(reader(fp.path)),
+                               expected_pre_sha256=expected.pre_sha256 if expected else None,
+                               expected_post_sha256=expected.post_sha256 if expected else None)
             run.update(files=(*run.draft.files, found))
         if not policy.release_checks:
             plan = plan_or_none(diff, reader)
@@ -376,7 +373,9 @@ def _verify(request: VerifyRequest, target: Target, run: RunLog) -> AuditReport:
             problems.append(copy)
         problems[:0] = runs_first(target, dist, run)  # first: what runs decides what the rest means
         with run.step("labels"):
-            problems += check_labels(target, variant, patchset, policy, run.draft.series)
+            labels = check_labels(target, variant, patchset, policy, run.draft.series)
+        with run.step("layer"):  # a layer of ours, by its labels: only what apply writes, as apply writes it
+            problems += labels or verify_top_layer(target, dist, variant, patch_name(patchset, variant), run)
 
     if request.probe and patchset.probe is not None:
         try:

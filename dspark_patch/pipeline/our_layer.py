@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from ..errors import DsparkPatchError, StackedLayer
 from ..patchset import PatchSet, Variant, available, is_id, patched_paths
 from ..targets.base import Distribution, ImageCapable, ImageStore
+from ..targets.layers.owners import top_layer_owners
 from ..targets.layers.scan import LayerScan, path_key
 from .image_steps import LABEL_PREFIX, SERIES_LABEL, label_ids, series_ids
 from .runlog import RunLog
@@ -115,6 +116,39 @@ def allowed(files: Mapping[str, str | None], dist: Distribution) -> tuple[set[st
                 parts = leaf.split("/")
                 present.update("/".join(parts[:i]) for i in range(1, len(parts)))
     return present, removed
+
+
+def verify_top_layer(target: ImageCapable, dist: Distribution, variant: Variant, named: str, run: RunLog) -> list[str]:
+    """`verify` on the engine: the image's top layer holds only what a layer of ours for
+    `variant`'s files holds, each with the mode and owner apply writes over the layers under it
+    (as `verify --via registry` checks). Its layers are read from the scan cache (apply keeps the
+    layer it adds, and the source's when it reads them; `status --via layers` keeps every layer it
+    reads); where the cache lacks one, reading it would be a save of the whole image: a note says
+    the top layer was not compared, and how to have it compared. One problem line each."""
+    from ..targets.caches.scans import ScanCache
+    from ..targets.views.from_layers import status_retain_identity
+
+    layers = target.info.layers
+    cache = ScanCache.from_env(status_retain_identity(dist.name, patched_paths(available())))
+    scans = [cache.get(diff_id) for diff_id in layers]
+    missing = sum(scan is None for scan in scans)
+    if not layers or missing:
+        run.notes.append(f"the top layer's paths, modes and owners were not compared with the layers under it "
+                         f"({missing} of {len(layers)} layers not in the scan cache; reading them is a save of the "
+                         "whole image): `status --via layers` of the image reads and keeps them, and verify then "
+                         "compares them, as `verify --via registry` always does")
+        return []
+    read = [scan for scan in scans if scan is not None]
+    files = {path: file.post_sha256 for path, file in variant.files.items()}
+    try:
+        check_our_layer(OurLayer(image_id=target.info.id or "", named=named, files=files), read[-1], dist)
+    except StackedLayer as exc:
+        return [exc.message]
+    problems = top_layer_owners(read[-1], read[:-1], allowed(files, dist)[0])
+    if not problems:
+        run.notes.append(f"the top layer ({layers[-1][:19]}) holds only the patched files, their bytecode and the "
+                         "folders above them, each with the mode and owner apply writes")
+    return problems
 
 
 def top_layer_scan(store: ImageStore, image_id: str, diff_id: str, distribution: str) -> LayerScan | None:

@@ -51,10 +51,10 @@ from ..status.bytecode import cache_tag, interpreter_for, minor_magic
 from ..status.fleet import DISTRIBUTION, row_of
 from ..status.registry_route import LayerReader
 from ..targets.base import Distribution
+from ..targets.layers.owners import top_layer_owners
 from ..targets.views.from_layers import find_site, merge_scans, status_retain
 from ..targets.views.site_files import SiteFiles
 from .claim import reviewed_files
-from .headers import top_layer_owners
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -41,6 +41,7 @@ class TargetInfo:
     kind: TargetKind
     ref: str          # the directory for a local tree; the image reference as given for an image
     id: str | None    # the image id (sha256:...) for an image; None for a local tree
+    layers: tuple[str, ...] = ()  # an image's diff_ids, bottom first; () for a local tree
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -154,7 +154,9 @@ class ImageTarget:
 
     @property
     def info(self) -> TargetInfo:
-        return TargetInfo(kind="image", ref=self.ref, id=self._source.id if self._source else None)
+        source = self._source
+        return TargetInfo(kind="image", ref=self.ref, id=source.id if source else None,
+                          layers=source.diff_ids if source else ())
 
     @property
     def source(self) -> ImageInfo:
