@@ -3,12 +3,12 @@
 An upper layer settles only the paths it names (a file, a whiteout, an opaque folder); a lower
 layer may still add any path the upper layers never mention, and several of publish's checks are
 about such paths: a module inside vllm/ that the wheel does not list, a copy of vLLM in another
-site folder, a start-up hook beside the site folder. So publish cannot stop reading once the
-layer that holds vLLM is read. Each source here is the official-shape image with one small layer
-inserted right under the layer that installs vLLM (the first layer a top-down early stop would
-leave unread); the in-image job's layer and report are those of the unmodified image, and match
-every file the report names. publish must refuse it, as `status --via registry` (every layer
-read) finds it, with one line, and push nothing.
+site folder, a `.pth` or a start-up hook beside vLLM in the site folder. So publish cannot stop
+reading once the layer that holds vLLM is read. Each source here is the official-shape image with
+one small layer inserted right under the layer that installs vLLM (the first layer a top-down
+early stop would leave unread); the in-image job's layer and report are those of the unmodified
+image, and match every file the report names. publish must refuse it, as `status --via registry`
+(every layer read) finds it, with one line, and push nothing.
 """
 
 from __future__ import annotations
@@ -113,6 +113,8 @@ LOWER = {
                                "stray_module.py"),
     # a second copy of vLLM in a site folder of its own, which no interpreter imports
     "a second copy of vllm": ({"opt/other/lib/python3.11/site-packages/vllm/__init__.py": b""}, "/opt/other"),
+    # a .pth with an import line: site runs it at every start, before vLLM is imported
+    "a pth file in the site folder": ({f"{SITE_REL}/zz-start.pth": b"import os\n"}, "zz-start.pth"),
     # a start-up hook in the site folder: it runs before vLLM is imported
     "a sitecustomize in the site folder": ({f"{SITE_REL}/sitecustomize.py": b"import os\n"}, "sitecustomize"),
 }
