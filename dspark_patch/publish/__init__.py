@@ -12,6 +12,11 @@ the source reference still names what was read and the tag is free (or --force),
 digest back. Nothing is written before every proof holds; a failure after that leaves blobs no
 tag names (a registry's garbage collection takes them), never a tag on a partial image.
 
+Every layer of the source is read, also below the one that holds vLLM: an upper layer settles
+only the paths it names (a file, a whiteout, an opaque folder), and a lower one can still add a
+module inside vllm/, another copy of vLLM, a `.pth` or a start-up hook, each a finding here
+(tests/test_publish_lower_layers.py). Only the scan cache spares a layer its fetch.
+
 An index: one in-image run per platform, each proven against that platform's image; every
 platform's image is pushed by its digest, then the new index (registry/index.py `republish`)
 under the tag, only when every platform of the source has its run. `--sign-key` signs the
