@@ -20,7 +20,7 @@ from dspark_patch.patching.diff import Hunk, parse_diff
 from dspark_patch.patching.place import split_lines
 from dspark_patch.pipeline.new_found import hunk_in
 from dspark_patch.pipeline.new_set import NewRequest, make
-from tests.support.cli import run
+from tests.support.cli import Result, run
 from tests.support.team_sets import DSPARK, team_edit, write_set
 from tests.support.trees import snapshot, udiff
 from tests.support.vllm import replace_file, tree_copy, wheel
@@ -45,14 +45,19 @@ def _reviewed(folder: Path) -> None:
     toml.write_text(toml.read_text().replace('review = "unreviewed"', 'review = "reviewed"'))
 
 
+def _new_on_dspark(name: str, tree: Path, out: Path) -> Result:
+    """`new NAME` on `tree` (the 0.33.0 wheel with DSpark and an edit on top): a set that requires DSpark."""
+    made = run("new", name, "--root", str(tree), "--wheel", str(wheel("0.33.0")), "--out", str(out), "--json")
+    assert made.returncode == 0, made.stderr
+    assert made.json["requires"] == [DSPARK]
+    return made
+
+
 def test_new_makes_a_set_that_requires_dspark_and_applies_as_a_series(patched033_tree: Path, vllm033_tree: Path,
                                                                      tmp_path: Path) -> None:
     wanted = _edit(patched033_tree)
     out = tmp_path / "team-patches"
-    made = run("new", "team-envs", "--root", str(patched033_tree), "--wheel", str(wheel("0.33.0")), "--out", str(out),
-               "--json")
-    assert made.returncode == 0, made.stderr
-    assert made.json["requires"] == [DSPARK]
+    made = _new_on_dspark("team-envs", patched033_tree, out)
     assert made.json["files"] == [{"path": "vllm/envs.py", "action": "modify"},
                                   {"path": "vllm/logger.py", "action": "modify"},
                                   {"path": EXTRA, "action": "add"}]
@@ -138,10 +143,7 @@ def test_an_edit_inside_dsparks_hunks_is_a_set_on_top_of_dspark(patched033_tree:
                                                                 tmp_path: Path) -> None:
     wanted = _beside_dspark(patched033_tree)
     out = tmp_path / "team-patches"
-    made = run("new", "team-flag", "--root", str(patched033_tree), "--wheel", str(wheel("0.33.0")), "--out", str(out),
-               "--json")
-    assert made.returncode == 0, made.stderr
-    assert made.json["requires"] == [DSPARK]
+    made = _new_on_dspark("team-flag", patched033_tree, out)
     assert made.json["files"] == [{"path": "vllm/envs.py", "action": "modify"},
                                   {"path": "vllm/logger.py", "action": "modify"}]
     toml = tomllib.loads((out / "team-flag" / "patch.toml").read_text())
