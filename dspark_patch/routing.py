@@ -40,6 +40,8 @@ class Route:
 LOCAL = Route(name="local", reason="a folder named with --root: its files read in place")
 IN_IMAGE = Route(name="in-image", reason="publish: the in-image job's run (apply --root inside the image); its layer "
                                          "proven here and put onto the image in its registry, with no engine")
+ATTESTATION = Route(name="registry", reason="asked with --attestation: the signed attestation attached to the image "
+                                            "in its registry (manifests and the envelope only; no layer, no engine)")
 NO_ENGINE = "no engine answered at $DOCKER_HOST"
 
 
@@ -143,6 +145,6 @@ def status_absent(via: StatusVia, pull: str, ref: str) -> Route | None:
     return Route(name="registry", reason=f"the engine has no image named {ref}: read from its registry (--via auto)")
 
 
-__all__ = ["IN_IMAGE", "LOCAL", "Route", "RouteName", "StatusVia", "VerifyVia", "asked_registry", "container",
+__all__ = ["ATTESTATION", "IN_IMAGE", "LOCAL", "Route", "RouteName", "StatusVia", "VerifyVia", "asked_registry", "container",
            "platform_container", "status_absent", "status_engine", "status_registry", "status_without_engine",
            "verify_route"]

@@ -79,6 +79,16 @@ def test_a_folder_s_row_names_the_local_route(tmp_path: Path) -> None:
     jsonschema.Draft202012Validator(load_status_schema()).validate(res.json)
 
 
+def test_verify_of_an_attestation_names_the_registry_even_when_refused(tmp_path: Path) -> None:
+    res = run("verify", "--attestation", "--key", str(tmp_path / "absent.pem"), "--image", "reg.example:5000/a:1",
+              "--report-dir", str(tmp_path / "v"))
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    doc, page = _audit(tmp_path / "v")
+    assert doc["route"]["name"] == "registry"
+    assert doc["route"]["reason"].startswith("asked with --attestation: the signed attestation attached to the image")
+    assert "Route: `registry` — asked with --attestation" in page
+
+
 def _audit(folder: Path) -> tuple[dict, str]:
     import json
 
