@@ -124,6 +124,9 @@ def test_a_layer_made_in_image_and_published_with_no_engine_is_what_apply_image_
     read_report(folder / "audit.json")   # the published report is a valid audit report (its schema)
     report = json.loads((folder / "audit.json").read_text())
     assert report["target"]["kind"] == "image" and report["result_image"]["repo_digest"] == said["repo_digest"]
+    # the job judged the files inside the image (its own report: a folder); the published one says so
+    assert json.loads((out / "r/audit.json").read_text())["route"]["name"] == "local"
+    assert report["route"]["name"] == "in-image" and report["route"]["reason"].startswith("publish: the in-image job's run")
     assert report["target"]["image"]["id"] == json.loads(
         subprocess.run(["docker", "image", "inspect", official_image()], capture_output=True, text=True,
                        check=True).stdout)[0]["Id"]

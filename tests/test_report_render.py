@@ -233,7 +233,7 @@ def test_json_validates_against_the_schema_and_round_trips(name: str) -> None:
 def test_json_has_the_contract_field_names() -> None:
     doc = to_data(applied_report())
     assert list(doc) == [
-        "schema", "command", "status", "exit_code", "tool_version", "started_at", "target",
+        "schema", "command", "status", "exit_code", "tool_version", "started_at", "target", "route",
         "result_image", "patch", "series", "superseded", "files", "compile", "probe", "integrity", "layer", "labels",
         "index", "platforms", "attestations", "checks", "steps", "errors", "notes",
     ]  # fmt: skip

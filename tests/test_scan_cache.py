@@ -245,7 +245,9 @@ def test_the_cli_reads_a_registry_with_no_engine_and_auto_does_too(trees, tmp_pa
             assert row["ref"] == ref and row["error"] is None and row["platform"] == "linux/amd64", row
             assert row["patch_sets"]["dspark-skip-mtp-buffer"] == "applied"
             rows.append(row)
-        assert rows[0] == rows[1]
+        assert [r | {"route": None} for r in rows] == [rows[0] | {"route": None}] * 2
+        assert rows[0]["route"]["reason"].startswith("asked with --via registry")
+        assert rows[1]["route"]["reason"].startswith("no engine answered at $DOCKER_HOST, and every image names")
     # An image named without a registry, with no engine: the engine's own exit 3, as before.
     assert "cannot reach a Docker engine" in run("status", "--image", "local:1", env=env).assert_clean_error(3)
     assert "--via registry" in run("status", "--image", "a/b:1", "--via", "registry", "--pull", "missing",

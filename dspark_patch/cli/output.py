@@ -136,6 +136,8 @@ def summary(report: AuditReport, report_dir: Path | None) -> None:
     rows = [("verdict", f"{verdict}: {report.status}")]
     t = report.target
     rows.append(("target", f"{t.kind} {t.ref}" + (f" ({t.image.id[:19]})" if t.image else "")))
+    if report.route is not None:
+        rows.append(("route", f"{report.route.name}: {report.route.reason}"))
     if report.index is not None:
         rows += _index_rows(report)
     if t.distribution:

@@ -112,11 +112,13 @@ def _table(fleet: FleetStatus) -> None:
     share = f" (shard {fleet.shard.index}/{fleet.shard.count} of {fleet.shard.targets})" if fleet.shard else ""
     table = Table(title=f"dspark-patch status: {len(fleet.images)} image(s){share} in {fleet.seconds:.1f}s", title_justify="left")
     keyed = any(i.attested for i in fleet.images)
-    for column in ("image", "vLLM", "python", *ids, "unexplained", "missing", "added", *(["attested"] if keyed else [])):
+    for column in ("image", "vLLM", "python", *ids, "unexplained", "missing", "added", *(["attested"] if keyed else []),
+                   "route"):
         table.add_column(column, overflow="fold")
     for image in fleet.images:
         if image.error:
-            table.add_row(image.ref, "[yellow]not read[/]", *([""] * (len(ids) + 4 + keyed)))
+            table.add_row(image.ref, "[yellow]not read[/]", *([""] * (len(ids) + 4 + keyed)),
+                          image.route.name if image.route else "")
             continue
         states = dict(image.patch_sets)
         table.add_row(
@@ -125,6 +127,7 @@ def _table(fleet: FleetStatus) -> None:
             *(f"[{_STATE_STYLE[states[i]]}]{states[i]}[/]" if i in states else "" for i in ids),
             *(f"[red]{len(x)}[/]" if x else "0" for x in (image.unexplained, image.missing, image.added)),
             *([", ".join(f"{pid}: {s}" for pid, s in image.attested) or "–"] if keyed else []),
+            image.route.name if image.route else "",
         )
     output.show_wide(table)
     for image in fleet.images:
@@ -140,6 +143,10 @@ def _table(fleet: FleetStatus) -> None:
             output.show_wide(f"{image.ref}: {line}", markup=False)
         for detail in image.attested_detail:
             output.show_wide(f"{image.ref}: attestation: {detail}", markup=False)
+    from ..report.status_render import route_reasons
+
+    for name, reason, count in route_reasons(fleet):
+        output.show_wide(f"route {name} ({count} row(s)): {reason}", markup=False)
     for note in fleet.notes:
         output.show_wide(f"note: {note}", markup=False)
 

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from .. import pipeline
+from .. import pipeline, routing
 from ..errors import BadInput, DsparkPatchError
 from . import common, output
 
@@ -51,16 +51,17 @@ def verify(
             require_proven_probe=require_proven_probe),
             on_step=output.step_printer(not as_json))
         common.finish(checked, report_dir=report_dir, as_json=as_json, junit=junit)
-    chosen, no_engine = _via_registry(via, root, image, python, platform, pull, strip)
-    if chosen:
-        from ..publish.verify import RegistryVerifyRequest, verify_registry
+    route, no_engine = routing.verify_route(via, image=image, root=root, python=python, platform=platform, pull=pull,
+                                            strip=strip, no_engine=_no_engine)
+    if route is not None:
+        from ..publish.registry_verify import RegistryVerifyRequest, verify_registry
         from ..targets.caches.scans import parse_size
 
         assert image is not None
         checked = verify_registry(RegistryVerifyRequest(
             ref=image, patches=tuple(patch or ()), series_file=None if series is None else str(series),
             cache_max=parse_size(cache_max, "--cache-max") if cache_max is not None else None, no_engine=no_engine,
-            python=python),
+            python=python, route=route),
             on_step=output.step_printer(not as_json))
         common.finish(checked, report_dir=report_dir, as_json=as_json, junit=junit)
     request = pipeline.VerifyRequest(target=common.target_spec(root, image, python, pull=pull, platform=platform),
@@ -71,36 +72,16 @@ def verify(
     common.finish(report, report_dir=report_dir, as_json=as_json, junit=junit)
 
 
-def _via_registry(via: str, root: Path | None, image: str | None, python: str | None, platform: str | None,
-                  pull: str, strip: int | None) -> tuple[bool, DsparkPatchError | None]:
-    """Whether this verify reads its image from the registry (--via registry, or auto with an image
-    that names its registry when no engine answers), and the engine's error when auto chose it."""
-    if via not in ("auto", "engine", "registry"):
-        raise BadInput(f"--via {via!r}: choose auto, engine or registry")
-    if via == "registry":
-        if image is None or root is not None:
-            raise BadInput("--via registry reads an image from its registry: give --image HOST[:PORT]/REPO:TAG, not --root")
-        for given, option in ((platform, "--platform"), (strip, "--strip")):
-            if given is not None:
-                raise BadInput(f"{option} is for the engine's verify; --via registry runs nothing of the image",
-                               hint=f"drop {option}, or use --via engine")
-        if pull != "missing":
-            raise BadInput("--pull asks the engine to pull; --via registry reads the registry without one",
-                           hint="drop --pull")
-        return True, None
-    if via == "engine" or image is None or root is not None or python is not None or platform is not None:
-        return False, None
+def _no_engine() -> DsparkPatchError | None:
+    """The engine's error when no engine answers (verify --via auto then reads the registry)."""
     from ..errors import EngineUnreachable
-    from ..registry.index import registry_host
     from ..targets import open_store
 
-    if registry_host(image) is None:
-        return False, None
     try:
         open_store()
     except EngineUnreachable as exc:
-        return True, exc
-    return False, None
+        return exc
+    return None
 
 
 def _one_patch(patches: list[str] | None, series: Path | None) -> str | None:

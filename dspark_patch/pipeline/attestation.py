@@ -24,6 +24,7 @@ from ..registry.platform_select import Platform, select
 from ..report.checks import record_checks
 from ..report.intoto import PREDICATE_TYPE, subjects, to_intoto
 from ..report.model import AttestationReport, AuditReport, StepReport, TargetReport
+from ..routing import ATTESTATION
 from .image_steps import LABEL_PREFIX
 from .runlog import RunLog, StepCallback
 
@@ -121,7 +122,7 @@ def _failed(report: AuditReport, exc: DsparkPatchError, note: str) -> AuditRepor
 def verify_attestation(request: AttestationRequest, *, on_step: StepCallback | None = None) -> AuditReport:
     """Exit 0 when every manifest the reference resolves to (the index and each chosen platform)
     carries a valid attestation; 1 naming the first that does not, and why."""
-    run = RunLog.start("verify", TargetReport(kind="image", ref=request.ref), on_step)
+    run = RunLog.start("verify", TargetReport(kind="image", ref=request.ref), on_step, route=ATTESTATION)
     try:
         with run.step("load key"):
             verifier = load_verifier(Path(request.key))

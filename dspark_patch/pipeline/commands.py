@@ -58,7 +58,7 @@ def apply(request: ApplyRequest, *, source: Source, on_step: StepCallback | None
           on_pull: PullCallback | None = None, on_result: ResultCallback | None = None) -> AuditReport:
     """`on_result`: called with the report before an image result is named (runlog.ResultCallback).
     `source`: what `request.target` names (resolve.py), with the run's one store."""
-    run = RunLog.start("apply", target_report(request.target), on_step)
+    run = RunLog.start("apply", target_report(request.target), on_step, route=source.route)
     try:
         return _run(run, source, lambda target: _apply(request, target, run, on_result), on_pull)
     except UnderOurLayer as under:
@@ -89,7 +89,7 @@ def _apply_under(request: ApplyRequest, source: ImageSource, layer: OurLayer, fi
             base, existed = store.image_under_top(info.id, label_prefix=LABEL_PREFIX)
     except DsparkPatchError as exc:
         return first.report("failed", exc)
-    run = RunLog.start("apply", target_report(request.target), first.on_step)
+    run = RunLog.start("apply", target_report(request.target), first.on_step, route=source.route)
     run.notes.append(f"{source.spec.ref} carries a dspark-patch layer of {layer.named}: applied to the image under "
                      f"it ({base[:19]}); that layer is replaced, not stacked")
     under = _Under(layer=layer, top=top, source=ImageRecord(ref=source.spec.ref, id=info.id))
@@ -106,13 +106,13 @@ def _apply_under(request: ApplyRequest, source: ImageSource, layer: OurLayer, fi
 
 def verify(request: VerifyRequest, *, source: Source, on_step: StepCallback | None = None,
            on_pull: PullCallback | None = None) -> AuditReport:
-    run = RunLog.start("verify", target_report(request.target), on_step)
+    run = RunLog.start("verify", target_report(request.target), on_step, route=source.route)
     return _run(run, source, lambda target: _verify(request, target, run), on_pull)
 
 
 def probe(request: ProbeRequest, *, source: Source, on_step: StepCallback | None = None,
           on_pull: PullCallback | None = None) -> AuditReport:
-    run = RunLog.start("probe", target_report(request.target), on_step)
+    run = RunLog.start("probe", target_report(request.target), on_step, route=source.route)
 
     def steps(target: Target) -> AuditReport:
         with run.step("load patch"):

@@ -53,6 +53,7 @@ def _dispatch(command: Command, request: index_run.Request, single: index_run.Si
     except DsparkPatchError as exc:  # refused before any target was opened
         return run.report("failed", exc)
     if isinstance(source, IndexSource):
+        run.update(route=source.route)
         return index_run.run_index(command, request, source, single, run, on_result)
     return single(request, source=source, on_step=on_step)
 

@@ -31,6 +31,7 @@ from ..report.model import (
     Status,
     TargetReport,
 )
+from ..routing import platform_container
 from ..targets.base import ImageStore
 from .requests import ApplyRequest, ImageSpec, ProbeRequest, VerifyRequest
 from .resolve import ImageSource, IndexSource
@@ -152,7 +153,8 @@ class _IndexRun:
         entry = self.index.entry_for(platform)
         ref = str(ImageRef.parse(self.spec.ref).with_digest(entry.digest))
         emulated = not platform.matches(native)
-        sub_run = RunLog.start(self.command, TargetReport(kind="image", ref=ref), self._prefixed(platform))
+        route = platform_container(str(platform), self.spec.ref)
+        sub_run = RunLog.start(self.command, TargetReport(kind="image", ref=ref), self._prefixed(platform), route=route)
         try:
             with sub_run.step("pull"):
                 # The manifest the index names is read first: it must be an image manifest of
@@ -171,7 +173,7 @@ class _IndexRun:
         else:
             # Pulled by digest above; the platform's python is found (or --python used) as for any image.
             target = replace(self.spec, ref=ref, tag=None, push=False, platform=None, pull="never")
-            one = ImageSource(spec=target, store=self.source.store, kind="engine")
+            one = ImageSource(spec=target, store=self.source.store, kind="engine", route=route)
             report = self.single(replace(self.request, target=target), source=one, on_step=self._prefixed(platform))
             report = replace(report, steps=tuple(sub_run.steps) + report.steps)
         return PlatformReport(platform=str(platform), source_manifest=entry.digest, emulated=emulated, report=report)

@@ -24,6 +24,7 @@ from typing import Literal
 from ..errors import BadInput, DsparkPatchError, EnvironmentProblem, TargetNotFound
 from ..imageref import ImageRef
 from ..registry.index import ImageIndex, Registry, check_before_pull
+from ..routing import LOCAL, Route, container
 from ..targets import open_store
 from ..targets.base import ImageStore
 from .requests import ImageSpec, LocalSpec, TargetSpec
@@ -55,6 +56,7 @@ class LocalSource:
 
     spec: LocalSpec
     kind: Literal["local"] = "local"
+    route: Route = LOCAL
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,6 +68,7 @@ class ImageSource:
     store: RunStore
     kind: Literal["engine", "registry"] = "engine"
     note: str | None = None        # what the run's report says of how the source was decided
+    route: Route                   # the report's route: a container of it, and which case of `CASES` led there
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,6 +79,7 @@ class IndexSource:
     store: RunStore
     index: ImageIndex
     kind: Literal["index"] = "index"
+    route: Route                   # the whole run's: each platform's report names its own
 
 
 Source = LocalSource | ImageSource | IndexSource
@@ -83,8 +87,9 @@ Source = LocalSource | ImageSource | IndexSource
 # What a row leads to: a source as it is ("local", "engine"), or a read of the registry first:
 # "checked" (an index's own fault refused, the engine pulls the rest, as `check_before_pull`),
 # "served" (the registry's answer decides: an index is run per platform), "platforms"
-# (--platform: it must be an index).
-Route = Literal["local", "platforms", "engine", "checked", "served"]
+# (--platform: it must be an index). Every one of them is judged in a container of the image on
+# the engine (routing.container), or in place for a folder: the report names the row's case.
+Leads = Literal["local", "platforms", "engine", "checked", "served"]
 
 
 class Facts:
@@ -126,7 +131,7 @@ class Facts:
 class Case:
     when: str
     holds: Callable[[Facts], bool]
-    route: Route
+    route: Leads
 
 
 # First match wins. Only a row that is reached asks its facts: the engine is asked nothing for
@@ -146,8 +151,12 @@ CASES: tuple[Case, ...] = (
 )
 
 
-def route(facts: Facts) -> Route:
-    return next(case.route for case in CASES if case.holds(facts))
+def route(facts: Facts) -> Leads:
+    return case_of(facts).route
+
+
+def case_of(facts: Facts) -> Case:
+    return next(case for case in CASES if case.holds(facts))
 
 
 def resolve(spec: TargetSpec, run: RunLog, store: RunStore | None = None) -> Source:
@@ -156,22 +165,25 @@ def resolve(spec: TargetSpec, run: RunLog, store: RunStore | None = None) -> Sou
     (DsparkPatchError), for the caller to report."""
     store = store or RunStore()
     facts = Facts(spec, store)
-    match route(facts):
+    case = case_of(facts)
+    match case.route:
         case "local":
             assert isinstance(spec, LocalSpec)
             return LocalSource(spec=spec)
         case "platforms":
-            return IndexSource(spec=facts.image, store=store, index=_platforms(facts, run))
+            return IndexSource(spec=facts.image, store=store, index=_platforms(facts, run),
+                               route=container(f"{case.when}: each platform's image pulled by its digest"))
         case "engine":
-            return ImageSource(spec=facts.image, store=store, kind="engine")
+            return ImageSource(spec=facts.image, store=store, kind="engine", route=container(case.when))
         case "checked":
             # The engine pulls by this name and would silently take one entry of an index
             # that lists a platform twice: a malformed index is refused first. Anything else
             # the registry says is the engine's pull to report, in its own words.
             check_before_pull(facts.image.ref)
-            return ImageSource(spec=facts.image, store=store, kind="registry")
+            return ImageSource(spec=facts.image, store=store, kind="registry",
+                               route=container(f"{case.when}, pulled from its registry"))
         case "served":
-            return _served(facts, store, run)
+            return _served(facts, store, run, container(f"{case.when}: pulled from its registry"))
 
 
 def _platforms(facts: Facts, run: RunLog) -> ImageIndex:
@@ -192,7 +204,7 @@ def _platforms(facts: Facts, run: RunLog) -> ImageIndex:
     return index
 
 
-def _served(facts: Facts, store: RunStore, run: RunLog) -> Source:
+def _served(facts: Facts, store: RunStore, run: RunLog, route: Route) -> Source:
     """A tag the engine lacks, as its registry serves it."""
     spec, host = facts.image, facts.host
     assert host is not None  # "engine" took the names without one
@@ -205,10 +217,12 @@ def _served(facts: Facts, store: RunStore, run: RunLog) -> Source:
     except EnvironmentProblem as exc:  # not reachable or readable from here; the engine's host may reach it
         note = (f"{host} could not be read from here ({exc.message}), so {spec.ref} was not checked for an "
                 "image index: the engine pulls it as one image")
-        return ImageSource(spec=spec, store=store, kind="registry", note=note)
+        return ImageSource(spec=spec, store=store, kind="registry", note=note, route=route)
     if index is None:
-        return ImageSource(spec=spec, store=store, kind="registry")
-    return IndexSource(spec=spec, store=store, index=index)
+        return ImageSource(spec=spec, store=store, kind="registry", route=route)
+    return IndexSource(spec=spec, store=store, index=index,
+                       route=container(f"{facts.image.ref} is an image index in its registry: each platform run "
+                                       "pulled by its digest"))
 
 
-__all__ = ["CASES", "Case", "Facts", "ImageSource", "IndexSource", "LocalSource", "RunStore", "Source", "resolve", "route"]
+__all__ = ["CASES", "Case", "case_of", "Facts", "ImageSource", "IndexSource", "LocalSource", "RunStore", "Source", "resolve", "route"]

@@ -20,6 +20,7 @@ from ..report.model import (
     StepReport,
     TargetReport,
 )
+from ..routing import Route
 from ..targets.base import Distribution
 from .requests import LocalSpec, TargetSpec
 
@@ -43,7 +44,8 @@ class RunLog:
     notes: list[str] = field(default_factory=list)
 
     @classmethod
-    def start(cls, command: Command, target: TargetReport, on_step: StepCallback | None) -> RunLog:
+    def start(cls, command: Command, target: TargetReport, on_step: StepCallback | None,
+              route: Route | None = None) -> RunLog:
         # Until `report` says how it ended, a run counts as failed: a draft is never a success.
         draft = AuditReport(
             command=command,
@@ -52,6 +54,7 @@ class RunLog:
             tool_version=__version__,
             started_at=datetime.now(UTC).isoformat(timespec="seconds"),
             target=target,
+            route=route,
         )
         return cls(draft=draft, on_step=on_step)
 

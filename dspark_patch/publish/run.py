@@ -23,6 +23,7 @@ from ..report.audit_json import read_report
 from ..report.checks import record_checks
 from ..report.labels import labels_of_report
 from ..report.model import AuditReport, ImageRecord, IndexReport, PlatformReport
+from ..routing import IN_IMAGE
 from ..status.fleet import DISTRIBUTION, row_from_site, scan_cache
 from ..status.registry_route import LayerReader
 from ..targets.caches.scans import ScanCache
@@ -239,7 +240,7 @@ def _final_report(prepared: list[_Prepared], index: ImageIndex | None, images: d
 
     def result(one: _Prepared, image_id: str, ref: str, digest: str) -> AuditReport:
         return replace(one.report, result_image=ImageRecord(ref=ref, id=image_id, repo_digest=digest),
-                       notes=(*one.report.notes, *one.notes))
+                       notes=(*one.report.notes, *one.notes), route=IN_IMAGE)
 
     if index is None:
         one = prepared[0]
@@ -252,7 +253,7 @@ def _final_report(prepared: list[_Prepared], index: ImageIndex | None, images: d
                                         result_manifest=pushed.rpartition("@")[2],
                                         report=result(one, image_id, pushed, pushed)))
     first = prepared[0].report
-    return replace(first, target=replace(first.target, image=ImageRecord(ref=str(src), id=top.digest)),
+    return replace(first, route=IN_IMAGE, target=replace(first.target, image=ImageRecord(ref=str(src), id=top.digest)),
                    result_image=ImageRecord(ref=str(dest), id=ids[0], repo_digest=repo_digest), labels={},
                    index=IndexReport(ref=str(src), media_type=top.media_type, digest=top.digest,
                                      platforms=tuple(str(p) for p in index.platforms), result_ref=str(dest),

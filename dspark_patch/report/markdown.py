@@ -83,6 +83,13 @@ def _summary_line(report: AuditReport) -> str:
             return f"Failed: {first}"
 
 
+def _route_lines(report: AuditReport) -> list[str]:
+    """The route the verdict came through, and why (one line; none for a run refused before one)."""
+    if report.route is None:
+        return []
+    return [f"Route: {_code(report.route.name)} — {_cell(report.route.reason)}.", ""]
+
+
 def _image_row(label: str, image: ImageRecord | None) -> str:
     if image is None:
         return f"| {label} | — | — | — |"
@@ -124,6 +131,7 @@ def _index_markdown(report: AuditReport) -> str:
         f"{done} of {len(report.platforms)} platform(s) of the index `{index.ref}` "
         f"{'passed' if report.ok else 'passed; the run failed'}.",
         "",
+        *_route_lines(report),
     ]
     lines += _errors(report)
     lines += ["### Index", "", "| | ref | digest | kind |", "|---|---|---|---|",
@@ -185,6 +193,7 @@ def to_markdown(report: AuditReport) -> str:
         "",
         _summary_line(report),
         "",
+        *_route_lines(report),
     ]
 
     cases = checks_of(report)

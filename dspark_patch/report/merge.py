@@ -21,6 +21,7 @@ from jsonschema.exceptions import best_match
 
 from .. import ownfiles
 from ..errors import BadInput, TargetNotFound
+from ..routing import Route
 from .status_model import FleetStatus, ImageStatus, MergeInfo, ShardInfo
 from .status_render import load_status_schema
 
@@ -49,7 +50,11 @@ def image_from_dict(row: dict[str, Any]) -> ImageStatus:
         python=row["python"], patch_sets=tuple(row["patch_sets"].items()),
         **{name: tuple(row.get(name, ())) for name in tuples},
         reference=row["reference"], error=row["error"], attested=tuple(row.get("attested", {}).items()),
-        exit_code=row["exit_code"])
+        exit_code=row["exit_code"], route=_route(row.get("route")))
+
+
+def _route(route: dict[str, Any] | None) -> Route | None:
+    return None if route is None else Route(name=route["name"], reason=route["reason"])
 
 
 def read_shard(path: Path) -> ShardDocument:

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from ..routing import Route
 from .evidence import redact, redact_all
 
 SCHEMA = "dspark-patch/audit/v1"
@@ -297,6 +298,10 @@ class AuditReport:
     tool_version: str
     started_at: str             # ISO 8601, UTC
     target: TargetReport
+    # Which route judged the target and why (routing.py): a container of the image on the engine,
+    # its layers from the registry, a folder, or an in-image run; None for a run refused before
+    # one was chosen, or a report written before routes were recorded.
+    route: Route | None = None
     result_image: ImageRecord | None = None
     patch: PatchReport | None = None
     # A series of several patch sets: each member in order (`patch` then names the series as a
@@ -328,6 +333,8 @@ class AuditReport:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "notes", redact_all(self.notes))   # report/evidence.py
+        if self.route is not None:   # a reason may name an image reference, as evidence may hold it
+            object.__setattr__(self, "route", Route(name=self.route.name, reason=redact(self.route.reason)))
 
     @property
     def ok(self) -> bool:

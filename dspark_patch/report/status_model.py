@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from ..routing import Route
 from .evidence import redact, redact_all
 
 STATUS_SCHEMA = "dspark-patch/status/v1"
@@ -50,11 +51,16 @@ class ImageStatus:
     # Never a finding: a variable the image sets that a known patch set introduced and the installed
     # release does not read (unread_env.py); status.json shows them in the run's notes, after the ref.
     notes: tuple[str, ...] = ()
+    # Which route read the row and why (routing.py): a container, the engine's save of the layers,
+    # the registry, or a folder; None only in a document written before routes were recorded.
+    route: Route | None = None
 
     def __post_init__(self) -> None:
         # Why a row was not read, as evidence may hold it (report/evidence.py).
         if self.error is not None:
             object.__setattr__(self, "error", redact(self.error))
+        if self.route is not None:   # a reason may name the reference, as evidence may hold it
+            object.__setattr__(self, "route", Route(name=self.route.name, reason=redact(self.route.reason)))
         object.__setattr__(self, "attested_detail", redact_all(self.attested_detail))
 
     @property

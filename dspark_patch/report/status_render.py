@@ -27,6 +27,7 @@ def _row(image: ImageStatus) -> dict[str, Any]:
         "error": image.error, "exit_code": image.exit_code,
         "attested": dict(image.attested), "attested_detail": list(image.attested_detail),
         "installer_metadata": list(image.installer_metadata), "installer_findings": list(image.installer_findings),
+        "route": None if image.route is None else {"name": image.route.name, "reason": image.route.reason},
     }
 
 
@@ -85,15 +86,15 @@ def to_status_markdown(fleet: FleetStatus) -> str:
              f"{len(fleet.images)} image(s), exit code {fleet.exit_code}, {fleet.seconds:.1f}s.", "",
              *(f"{line}\n" for line in scope(fleet)),
              "| | image | vLLM | python | " + " | ".join(f"`{i}`" for i in ids) + " | unexplained | missing | added |"
-             + (" attested |" if keyed else ""),
-             "|---|---|---|---|" + "---|" * len(ids) + "---|---|---|" + ("---|" if keyed else "")]
+             + (" attested |" if keyed else "") + " route |",
+             "|---|---|---|---|" + "---|" * len(ids) + "---|---|---|" + ("---|" if keyed else "") + "---|"]
     for image in fleet.images:
         states = dict(image.patch_sets)
         attested = ", ".join(f"{pid}: {state}" for pid, state in image.attested) or "–"
         lines.append(f"| {mark[image.exit_code]} | `{_cell(image.ref)}` | {image.release or '–'} | {image.python or '–'} | "
                      + " | ".join(states.get(i, "–") for i in ids)
                      + f" | {len(image.unexplained)} | {len(image.missing)} | {len(image.added)} |"
-                     + (f" {_cell(attested)} |" if keyed else ""))
+                     + (f" {_cell(attested)} |" if keyed else "") + f" {_route_cell(image)} |")
     for image in fleet.images:
         if image.error or image.unexplained or image.missing or image.added or image.record_disagrees or image.bytecode \
                 or image.unverified or image.attested_detail or image.unimported or image.installer_findings:
@@ -108,9 +109,31 @@ def to_status_markdown(fleet: FleetStatus) -> str:
                                  ("named like the installer's files, but not in their shape", image.installer_findings)):
                 if paths:
                     lines += [f"{label}:", *(f"- `{p}`" for p in paths)]
+    lines += _route_reasons(fleet)
     if fleet.notes:
         lines += ["", "### Notes", "", *(f"- {_cell(n)}" for n in fleet.notes)]
     return "\n".join(lines) + "\n"
+
+
+def _route_cell(image: ImageStatus) -> str:
+    return image.route.name if image.route is not None else "–"
+
+
+def route_reasons(fleet: FleetStatus) -> list[tuple[str, str, int]]:
+    """Each route the rows were read by, with its reason and how many rows: once, not per row."""
+    counted: dict[tuple[str, str], int] = {}
+    for image in fleet.images:
+        if image.route is not None:
+            key = (image.route.name, image.route.reason)
+            counted[key] = counted.get(key, 0) + 1
+    return [(name, reason, n) for (name, reason), n in counted.items()]
+
+
+def _route_reasons(fleet: FleetStatus) -> list[str]:
+    reasons = route_reasons(fleet)
+    if not reasons:
+        return []
+    return ["", "### Routes", "", *(f"- `{name}` ({n} row(s)): {_cell(reason)}" for name, reason, n in reasons)]
 
 
 def to_status_junit(fleet: FleetStatus) -> str:

@@ -15,12 +15,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from .. import __version__, ownfiles, unread_env
+from .. import __version__, ownfiles, routing, unread_env
 from ..errors import BadInput, DsparkPatchError, EngineUnreachable, EnvironmentProblem, TargetNotFound, UnfinishedApply
 from ..imageref import ImageRef
 from ..patchset import PatchSet, available, known, patched_paths
 from ..registry.index import check_before_pull
 from ..report.status_model import FleetStatus, ImageStatus
+from ..routing import Route
 from ..targets.base import PullPolicy
 from ..targets.caches import seal
 from ..targets.caches.scans import ScanCache
@@ -164,6 +165,7 @@ def status(request: StatusRequest, *, on_progress: ProgressCallback | None = Non
             rows[root] = _error_row(root, BadInput(f"--root {root}: cannot read it ({exc.strerror or exc})"))
         except (ValueError, LookupError, TypeError, UnicodeError, tarfile.TarError) as exc:
             rows[root] = _error_row(root, unreadable(root, exc))
+        rows[root] = replace(rows[root], route=routing.LOCAL)
         progress(root, "done", rows[root])
 
     # An image read from an index in its registry has one row per platform (--via registry).
@@ -195,51 +197,62 @@ def scan_cache(request: StatusRequest, patchsets: Sequence[PatchSet]) -> ScanCac
 
 
 def _from_registry(request: StatusRequest, patchsets: Sequence[PatchSet], progress: ProgressCallback,
-                   refs: Sequence[str], *, absent_ok: bool = False) -> dict[str, tuple[ImageStatus, ...] | None]:
+                   refs: Sequence[str], route: Route | Callable[[str], Route], *,
+                   absent_ok: bool = False) -> dict[str, tuple[ImageStatus, ...] | None]:
+    """Rows read from the registry, each naming `route` (or the one `route` gives its reference)."""
     from ..registry.pool import pool_size
     from .registry_route import RegistryReader, read_all
+
+    def routed(ref: str, row: ImageStatus | None) -> ImageStatus | None:
+        return None if row is None else replace(row, route=route if isinstance(route, Route) else route(ref))
 
     reader = RegistryReader(patchsets=patchsets, retain_paths=patched_paths(patchsets), cache=scan_cache(request, patchsets),
                             platform=request.platform, row=row_from_site, error_row=_error_row, unreadable=unreadable,
                             connections=pool_size(request.connections))
-    return read_all(reader, refs, jobs=request.jobs, absent_ok=absent_ok, progress=progress)
+    read = read_all(reader, refs, jobs=request.jobs, absent_ok=absent_ok,
+                    progress=lambda ref, event, row: progress(ref, event, routed(ref, row)))
+    return {ref: None if rows is None else tuple(r for row in rows if (r := routed(ref, row)) is not None)
+            for ref, rows in read.items()}
 
 
 def _read_images(request: StatusRequest, patchsets: Sequence[PatchSet],
                  progress: ProgressCallback) -> dict[str, tuple[ImageStatus, ...]]:
-    from ..registry.index import registry_host
-
     refs = list(dict.fromkeys(request.images))
-    if request.via == "registry":
-        return {ref: rows or () for ref, rows in _from_registry(request, patchsets, progress, refs).items()}
+    asked = routing.status_registry(request.via)
+    if asked is not None:
+        return {ref: rows or () for ref, rows in _from_registry(request, patchsets, progress, refs, asked).items()}
     try:
-        found = _read_engine(request, patchsets, progress, refs)
+        found, route = _read_engine(request, patchsets, progress, refs)
     except EngineUnreachable:
         # auto, and no engine answers: the registry route when every image names its registry
-        if request.via != "auto" or not all(registry_host(ref) for ref in refs):
+        instead = routing.status_without_engine(request.via, refs)
+        if instead is None:
             raise
-        return {ref: rows or () for ref, rows in _from_registry(request, patchsets, progress, refs).items()}
+        return {ref: rows or () for ref, rows in _from_registry(request, patchsets, progress, refs, instead).items()}
     out: dict[str, tuple[ImageStatus, ...]] = {
         ref: (row,) for ref, row in found.items() if not isinstance(row, DsparkPatchError)}
     absent = [ref for ref, row in found.items() if isinstance(row, DsparkPatchError)]
     # auto: an image the engine lacks (and was not asked to pull) is read from its registry when
     # the registry has it; otherwise its row is the engine's "not found".
-    if absent and request.via == "auto" and request.pull == "never":
-        for ref, rows in _from_registry(request, patchsets, progress, absent, absent_ok=True).items():
+    fallback = {ref: r for ref in absent if (r := routing.status_absent(request.via, request.pull, ref)) is not None}
+    if fallback:
+        for ref, rows in _from_registry(request, patchsets, progress, list(fallback), fallback.__getitem__,
+                                        absent_ok=True).items():
             if rows is not None:
                 out[ref] = rows
     for ref in absent:
         if ref not in out:
             error = found[ref]
             assert isinstance(error, DsparkPatchError)
-            out[ref] = (_error_row(ref, error),)
+            out[ref] = (replace(_error_row(ref, error), route=route),)
             progress(ref, "done", out[ref][0])
     return out
 
 
 def _read_engine(request: StatusRequest, patchsets: Sequence[PatchSet], progress: ProgressCallback,
-                 refs: Sequence[str]) -> dict[str, ImageStatus | DsparkPatchError]:
-    """Rows read through the engine; a reference the engine lacks is its `TargetNotFound`."""
+                 refs: Sequence[str]) -> tuple[dict[str, ImageStatus | DsparkPatchError], Route]:
+    """Rows read through the engine, each naming the run's route (which is returned too); a
+    reference the engine lacks is its `TargetNotFound`."""
     from ..targets import open_store
 
     engine = open_store()  # unreachable: EngineUnreachable (the whole command exits 3 unless auto reads a registry)
@@ -267,11 +280,14 @@ def _read_engine(request: StatusRequest, patchsets: Sequence[PatchSet], progress
     # (then nothing is read at all). Several: one save shares their common layers.
     # --platform is handed to the engine's create, so it needs the container route.
     cache = scan_cache(request, patchsets)
-    via = request.via if request.via != "auto" else (
-        "container" if request.platform is not None else "layers" if len(by_id) > 1 or all(
-            _all_cached(infos[image_id], cache) for image_id in by_id) else "container")
-    if via == "layers" and by_id:
-        return {**rows, **_read_layers(engine, by_id, infos, patchsets, progress, cache)}
+    route = routing.status_engine(request.via, platform=request.platform, images=len(by_id),
+                                  all_cached=lambda: all(_all_cached(infos[image_id], cache) for image_id in by_id))
+    rows = {ref: row if isinstance(row, DsparkPatchError) else replace(row, route=route) for ref, row in rows.items()}
+    progress = _routing(progress, route)
+    if route.name == "layers" and by_id:
+        read = _read_layers(engine, by_id, infos, patchsets, progress, cache)
+        return {**rows, **{ref: row if isinstance(row, DsparkPatchError) else replace(row, route=route)
+                           for ref, row in read.items()}}, route
 
     def read_one(image_id: str, names: list[str]) -> ImageStatus:
         ref = names[0]
@@ -298,12 +314,17 @@ def _read_engine(request: StatusRequest, patchsets: Sequence[PatchSet], progress
                 for future in as_completed(futures):
                     image_id, row = futures[future], future.result()
                     for name in by_id[image_id]:
-                        rows[name] = named = replace(row, ref=name)
+                        rows[name] = named = replace(row, ref=name, route=route)
                         progress(name, "done", named)
         except BaseException:
             pool.shutdown(wait=True, cancel_futures=True)
             raise
-    return rows
+    return rows, route
+
+
+def _routing(progress: ProgressCallback, route: Route) -> ProgressCallback:
+    """`progress`, its finished rows naming `route`."""
+    return lambda ref, event, row: progress(ref, event, None if row is None else replace(row, route=route))
 
 
 def _read_layers(engine: ImageStore, by_id: dict[str, list[str]], infos: dict[str, ImageInfo],

@@ -1,4 +1,5 @@
-"""`verify --via registry`: the engine-free verify of an image in its registry.
+"""The registry route of `verify` (`--via registry`, or `--via auto` with no engine): the
+engine-free verify of an image in its registry.
 
 The image is read as `status --via registry` reads it (the strict layer reader, status's scan
 cache, the site folder found from the image's config without running anything), then held to
@@ -19,7 +20,7 @@ The probe needs the image's interpreter, so it does not run (said as a skipped s
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from .. import unread_env
@@ -45,6 +46,7 @@ from ..report.model import (
     TargetReport,
 )
 from ..report.status_model import ImageStatus
+from ..routing import Route, asked_registry
 from ..series import load
 from ..status.assess import assess
 from ..status.bytecode import cache_tag, interpreter_for, minor_magic
@@ -68,6 +70,7 @@ class RegistryVerifyRequest:
     # registry instead, and an image the registry does not have (or a registry that does not
     # answer) is that error, with the registry's reason: the engine was what the user asked for.
     no_engine: DsparkPatchError | None = None
+    route: Route = field(default_factory=asked_registry)   # why the registry reads it (routing.verify_route)
 
 
 def verify_registry(request: RegistryVerifyRequest, *, on_step: StepCallback | None = None) -> AuditReport:
@@ -75,7 +78,7 @@ def verify_registry(request: RegistryVerifyRequest, *, on_step: StepCallback | N
     passes only when each does)."""
     from .run import scan_cache_for
 
-    run = RunLog.start("verify", TargetReport(kind="image", ref=request.ref), on_step)
+    run = RunLog.start("verify", TargetReport(kind="image", ref=request.ref), on_step, route=request.route)
     try:
         ref = ImageRef.parse(request.ref)
         if ref.registry is None:
@@ -114,7 +117,7 @@ def _verify_index(request: RegistryVerifyRequest, run: RunLog, reader: LayerRead
         with run.step(f"platform {platform}"):
             manifest = registry.fetch_platform(index, platform)
             digest_ref = f"{ref.name}@{manifest.digest}"
-            one = RunLog.start("verify", TargetReport(kind="image", ref=digest_ref), None)
+            one = RunLog.start("verify", TargetReport(kind="image", ref=digest_ref), None, route=request.route)
             try:
                 report = record_checks(_verify(request, one, reader, registry, manifest, digest_ref, patchsets))
             except DsparkPatchError as exc:
