@@ -48,7 +48,7 @@ import hashlib
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, cached_property
 from importlib import resources
 from typing import Literal
 
@@ -115,11 +115,11 @@ class Reference:
     files: Mapping[str, tuple[str, int]]    # path -> (sha256 hex, size)
     scripts: Mapping[str, str] = field(default_factory=dict)  # console script name -> "module:attr"
 
-    @property
+    @cached_property  # a reference's files never change: a fleet's images ask many times
     def folders(self) -> frozenset[str]:
         return frozenset(p.split("/", 1)[0] for p in self.files if "/" in p)
 
-    @property
+    @cached_property
     def dist_info(self) -> str:
         return next(f for f in sorted(self.folders) if f.endswith(".dist-info"))
 
