@@ -128,8 +128,8 @@ def compare(items: list[dict], python: str | None = None) -> list[str]:
         if done.returncode == 0 and isinstance(result, list) and len(result) == len(items):
             found = [str(r) for r in result]
             _COMPARED[key] = tuple(found)
-            while len(_COMPARED) > 64:
-                del _COMPARED[next(iter(_COMPARED))]
+            for old in list(_COMPARED)[:-64]:  # the oldest (another thread may evict the same one)
+                _COMPARED.pop(old, None)
             return found
     except (subprocess.TimeoutExpired, ValueError, OSError):
         pass

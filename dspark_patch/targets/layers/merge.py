@@ -171,8 +171,8 @@ def _remember(stack: tuple[LayerScan, ...], state: _State, base: LayerView | Non
     key = tuple(map(id, stack))
     _merged.pop(key, None)
     _merged[key] = (stack, kept, view)
-    while len(_merged) > _MERGED_KEPT:
-        del _merged[next(iter(_merged))]
+    for old in list(_merged)[:-_MERGED_KEPT]:  # the oldest (another thread may evict the same one)
+        _merged.pop(old, None)
     return view
 
 
