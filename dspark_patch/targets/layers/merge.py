@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 import posixpath
+import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,11 +39,16 @@ class LayerView:
     # then the top layer removed `removed` and wrote its own entries, `written`, in its order. So
     # `entries` is `base.entries` less `removed`, then each of `written` set (one that stayed
     # keeps its place). What views/ derive from a view is derived from its base's and this
-    # change (targets/views/site_fold.py), and kept in `derived`.
-    base: LayerView | None = field(default=None, compare=False, repr=False)
+    # change (targets/views/site_fold.py), and kept in `derived`. The base is held weakly: the
+    # merge memo below keeps a few; a view never keeps its lower layers' copies alive.
+    base_ref: weakref.ref[LayerView] | None = field(default=None, compare=False, repr=False)
     removed: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
     written: tuple[str, ...] = field(default=(), compare=False, repr=False)
     derived: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def base(self) -> LayerView | None:
+        return self.base_ref() if self.base_ref is not None else None
 
     # --- lookups --------------------------------------------------------------------------------
     def resolve(self, path: str, *, follow_last: bool = True) -> str:
@@ -126,7 +132,7 @@ def merge(scans: Iterable[LayerScan], *, where: str = "the image") -> LayerView:
         if depth > start:  # the views of lower layers alone: what another image may share
             base = _remember(stack[:depth], state, base, removed, written, where)
         removed, written = frozenset(_stack_one(state, stack[depth])), tuple(stack[depth].entries)
-    return LayerView(entries=state.view, where=where, base=base, removed=removed, written=written)
+    return LayerView(entries=state.view, where=where, base_ref=_weak(base), removed=removed, written=written)
 
 
 def owner(scans: Sequence[LayerScan], path: str) -> tuple[int, int, int] | None:
@@ -167,13 +173,17 @@ def _remember(stack: tuple[LayerScan, ...], state: _State, base: LayerView | Non
     """Keep the view of `stack` (the scans kept with it: their ids stay theirs); returns it as a
     view, so that the view stacked on it can name it as its base."""
     kept = state.copy()
-    view = LayerView(entries=kept.view, where=where, base=base, removed=removed, written=written)
+    view = LayerView(entries=kept.view, where=where, base_ref=_weak(base), removed=removed, written=written)
     key = tuple(map(id, stack))
     _merged.pop(key, None)
     _merged[key] = (stack, kept, view)
     for old in list(_merged)[:-_MERGED_KEPT]:  # the oldest (another thread may evict the same one)
         _merged.pop(old, None)
     return view
+
+
+def _weak(view: LayerView | None) -> weakref.ref[LayerView] | None:
+    return weakref.ref(view) if view is not None else None
 
 
 def _stack_one(state: _State, scan: LayerScan) -> set[str]:
