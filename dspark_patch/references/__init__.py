@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cache, cached_property
@@ -364,6 +365,12 @@ def _record_check(ref: Reference, record: tuple[tuple[str, str | None], ...], po
     the distribution's folders, console-script rows accepted). A function of its inputs alone, so
     the tags of a fleet that share their RECORD, patch sets and scripts share the answer (kept for
     the same objects, with them, while this process runs)."""
+    with _CHECKING:  # the tags read at once wait for one check of their shared RECORD
+        return _record_check_once(ref, record, post, scripts)
+
+
+def _record_check_once(ref: Reference, record: tuple[tuple[str, str | None], ...], post: Mapping[str, set[str | None]],
+                       scripts: Mapping[str, ScriptBytes]) -> tuple[list[str], list[str], list[str]]:
     key = (id(ref), id(record), tuple(sorted((k, tuple(sorted(v, key=str))) for k, v in post.items())),
            tuple(scripts.items()))
     known = _RECORD_CHECKS.get(key)
@@ -403,6 +410,7 @@ def _record_check(ref: Reference, record: tuple[tuple[str, str | None], ...], po
     return disagrees, findings, accepted
 
 
+_CHECKING = threading.Lock()
 _RECORD_CHECKS: dict[tuple, tuple[Reference, tuple, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]]] = {}
 
 

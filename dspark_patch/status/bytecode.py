@@ -17,6 +17,7 @@ from __future__ import annotations
 import _imp
 import importlib.util
 import re
+import threading
 from dataclasses import dataclass
 
 from ..references import bytecode_source
@@ -110,7 +111,6 @@ def compare(items: list[dict], python: str | None = None) -> list[str]:
     that is not one, a crash or a timeout, is not kept)."""
     import base64
     import json
-    import subprocess
     import sys
 
     if not items:
@@ -118,6 +118,17 @@ def compare(items: list[dict], python: str | None = None) -> list[str]:
     payload = json.dumps([{**i, "source": base64.b64encode(i["source"]).decode(), "pyc": base64.b64encode(i["pyc"]).decode()}
                           for i in items])
     key = (python or sys.executable, payload)
+    with _COMPARING.setdefault(key, threading.Lock()):  # the tags read at once wait for one compile
+        found = _compare_once(key, payload, python, len(items))
+    _COMPARING.pop(key, None)
+    return found
+
+
+def _compare_once(key: tuple[str, str], payload: str, python: str | None, count: int) -> list[str]:
+    import json
+    import subprocess
+    import sys
+
     known = _COMPARED.get(key)
     if known is not None:
         return list(known)
@@ -125,7 +136,7 @@ def compare(items: list[dict], python: str | None = None) -> list[str]:
         done = subprocess.run([python or sys.executable, "-I", "-S", "-B", "-c", _COMPARE], input=payload.encode(),
                               capture_output=True, timeout=300, cwd="/")
         result = json.loads(done.stdout)
-        if done.returncode == 0 and isinstance(result, list) and len(result) == len(items):
+        if done.returncode == 0 and isinstance(result, list) and len(result) == count:
             found = [str(r) for r in result]
             _COMPARED[key] = tuple(found)
             for old in list(_COMPARED)[:-64]:  # the oldest (another thread may evict the same one)
@@ -133,9 +144,10 @@ def compare(items: list[dict], python: str | None = None) -> list[str]:
             return found
     except (subprocess.TimeoutExpired, ValueError, OSError):
         pass
-    return ["could not be compared"] * len(items)
+    return ["could not be compared"] * count
 
 
+_COMPARING: dict[tuple[str, str], threading.Lock] = {}
 _COMPARED: dict[tuple[str, str], tuple[str, ...]] = {}
 
 

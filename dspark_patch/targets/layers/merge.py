@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 import posixpath
+import threading
 import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -114,7 +115,13 @@ class LayerView:
 
 
 def merge(scans: Iterable[LayerScan], *, where: str = "the image") -> LayerView:
-    stack = tuple(scans)
+    # One merge at a time: it is CPU under the GIL, so threads gain nothing by merging side by
+    # side, and the images of a fleet read at once would each merge their shared base.
+    with _MERGING:
+        return _merge(tuple(scans), where)
+
+
+def _merge(stack: tuple[LayerScan, ...], where: str) -> LayerView:
     state = _State(view={}, above={}, index={}, folders=set())
     base: LayerView | None = None
     start = 0
@@ -149,6 +156,7 @@ def owner(scans: Sequence[LayerScan], path: str) -> tuple[int, int, int] | None:
 
 
 _MERGED_KEPT = 8
+_MERGING = threading.Lock()
 
 
 @dataclass(kw_only=True)

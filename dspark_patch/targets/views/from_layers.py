@@ -22,6 +22,7 @@ import email.parser
 import functools
 import posixpath
 import re
+import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any, BinaryIO
@@ -227,9 +228,10 @@ def site_files(view: LayerView, distribution: str, site: str) -> SiteFiles | Non
     if metadata is None:
         return None
     meta = email.parser.BytesParser().parsebytes(metadata, headersonly=True)
-    _record_rows(records[own_infos[0]], f"{site}/{own_infos[0]}/RECORD")  # a malformed RECORD is refused here
-    record, rows = _record_and_scripts(records[own_infos[0]], distribution)
-    listed = _listed(tuple(records.values()))
+    with _PARSING:  # the tags read at once wait for one parse of their shared RECORD
+        _record_rows(records[own_infos[0]], f"{site}/{own_infos[0]}/RECORD")  # a malformed RECORD is refused here
+        record, rows = _record_and_scripts(records[own_infos[0]], distribution)
+        listed = _listed(tuple(records.values()))
     found = re.search(r"/python(3\.\d+)/", "/" + real + "/")
     installer_meta = {rel: data for rel, data in fold.installer.items() if rel.partition("/")[0] in own_infos}
     scripts = {row: view_script(view, real, row) for row in rows}
@@ -270,6 +272,9 @@ def _record_rows(data: bytes, name: str, *, strict: bool = True) -> tuple[tuple[
             return ()
         reason = "not UTF-8" if isinstance(exc, UnicodeDecodeError) else str(exc)
         raise BadInput(f"{name}: {reason}", hint="the RECORD is malformed; rebuild the image from the release") from None
+
+
+_PARSING = threading.Lock()
 
 
 @functools.lru_cache(maxsize=16)

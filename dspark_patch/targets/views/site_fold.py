@@ -16,6 +16,7 @@ afresh from the view. A large change (a base layer) is folded afresh too.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -100,10 +101,11 @@ def site_fold(view: LayerView, real: str, distribution: str) -> SiteFold:
 
 def _fold(view: LayerView, real: str, top: str) -> SiteFold:
     key = ("site_fold", real, top)
-    found = view.derived.get(key)
-    if found is None:
-        found = view.derived[key] = _from_base(view, real, top) or _afresh(view, real, top)
-    return found
+    with _DERIVING:  # CPU under the GIL: the tags read at once wait for one fold of their base
+        found = view.derived.get(key)
+        if found is None:
+            found = view.derived[key] = _from_base(view, real, top) or _afresh(view, real, top)
+        return found
 
 
 def _below(entries: Iterable[tuple[str, Entry]], real: str) -> Iterator[tuple[str, Entry]]:
@@ -162,12 +164,16 @@ def _from_base(view: LayerView, real: str, top: str) -> SiteFold | None:
 def everywhere_paths(view: LayerView, match: Any) -> frozenset[str]:
     """The view's paths that `match` (a function of the path alone) accepts, from its base's."""
     key = ("everywhere", match)
-    found = view.derived.get(key)
-    if found is None:
-        base = view.base
-        if base is None or len(view.removed) + len(view.written) > max(256, len(view.entries) // 8):
-            found = frozenset(p for p in view.entries if match(p))
-        else:
-            found = (everywhere_paths(base, match) - view.removed) | {p for p in view.written if match(p)}
-        view.derived[key] = found
-    return found
+    with _DERIVING:
+        found = view.derived.get(key)
+        if found is None:
+            base = view.base
+            if base is None or len(view.removed) + len(view.written) > max(256, len(view.entries) // 8):
+                found = frozenset(p for p in view.entries if match(p))
+            else:
+                found = (everywhere_paths(base, match) - view.removed) | {p for p in view.written if match(p)}
+            view.derived[key] = found
+        return found
+
+
+_DERIVING = threading.RLock()
