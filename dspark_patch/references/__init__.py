@@ -46,9 +46,10 @@ from __future__ import annotations
 
 import hashlib
 import re
+import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, cached_property
 from importlib import resources
 from typing import Literal
 
@@ -115,11 +116,11 @@ class Reference:
     files: Mapping[str, tuple[str, int]]    # path -> (sha256 hex, size)
     scripts: Mapping[str, str] = field(default_factory=dict)  # console script name -> "module:attr"
 
-    @property
+    @cached_property  # a reference's files never change: a fleet's images ask many times
     def folders(self) -> frozenset[str]:
         return frozenset(p.split("/", 1)[0] for p in self.files if "/" in p)
 
-    @property
+    @cached_property
     def dist_info(self) -> str:
         return next(f for f in sorted(self.folders) if f.endswith(".dist-info"))
 
@@ -332,7 +333,8 @@ def compare(ref: Reference, *, hashes: Mapping[str, str], others: Iterable[str] 
 
     accepted: list[str] = []
     findings: list[str] = []
-    added = [p for p in hashes if own(p) and not explained(p)]
+    files = ref.files  # most paths are the wheel's own: explained at once, nothing else asked
+    added = [p for p in hashes if p not in files and own(p) and not explained(p)]
     added += [p for p in others if own(p) and p not in ref.files]
     listed = set(listed_anywhere)
     hack = False   # an accepted distutils-precedence.pth imports _distutils_hack at every start
@@ -349,12 +351,47 @@ def compare(ref: Reference, *, hashes: Mapping[str, str], others: Iterable[str] 
     if hack:
         added += distutils_hack_added(top_level, pth or {})
 
-    disagrees = []
+    disagrees, outside, outside_accepted = _record_check(ref, tuple(record), post, scripts or {})
+    findings += outside
+    accepted += outside_accepted
+    return Comparison(checked=len(ref.files), unexplained=tuple(sorted(unexplained)), missing=tuple(sorted(missing)),
+                      added=tuple(sorted(set(added))), record_disagrees=tuple(sorted(set(disagrees))),
+                      installer=tuple(sorted(set(accepted))), installer_findings=tuple(sorted(set(findings))))
+
+
+def _record_check(ref: Reference, record: tuple[tuple[str, str | None], ...], post: Mapping[str, set[str | None]],
+                  scripts: Mapping[str, ScriptBytes]) -> tuple[list[str], list[str], list[str]]:
+    """The image's RECORD rows against the reference: (rows that disagree, findings of rows outside
+    the distribution's folders, console-script rows accepted). A function of its inputs alone, so
+    the tags of a fleet that share their RECORD, patch sets and scripts share the answer (kept for
+    the same objects, with them, while this process runs)."""
+    with _CHECKING:  # the tags read at once wait for one check of their shared RECORD
+        return _record_check_once(ref, record, post, scripts)
+
+
+def _record_check_once(ref: Reference, record: tuple[tuple[str, str | None], ...], post: Mapping[str, set[str | None]],
+                       scripts: Mapping[str, ScriptBytes]) -> tuple[list[str], list[str], list[str]]:
+    key = (id(ref), id(record), tuple(sorted((k, tuple(sorted(v, key=str))) for k, v in post.items())),
+           tuple(scripts.items()))
+    known = _RECORD_CHECKS.get(key)
+    if known is not None and known[0] is ref and known[1] is record:
+        return list(known[2][0]), list(known[2][1]), list(known[2][2])
+    info = ref.dist_info
+    top = filename_name(ref.distribution)
+    folders = ref.folders
+
+    def own(path: str) -> bool:
+        first = path.split("/", 1)[0]
+        return first in folders or (first.endswith(".dist-info") and filename_name(first.split("-")[0]) == top)
+
+    disagrees: list[str] = []
+    findings: list[str] = []
+    accepted: list[str] = []
     rows: set[str] = set()
     for path, row_sha256 in record:
         rows.add(path)
         if path.startswith(("/", "../")) or "/../" in path or not own(path):
-            findings += _outside_row(ref, path, scripts or {}, accepted)
+            findings += _outside_row(ref, path, scripts, accepted)
             continue
         folder, _, name = path.rpartition("/")
         if folder == info and name in INSTALLER_FILES:
@@ -367,9 +404,14 @@ def compare(ref: Reference, *, hashes: Mapping[str, str], others: Iterable[str] 
         elif path not in post:
             disagrees.append(path)
     disagrees += [p for p in ref.files if p not in rows]
-    return Comparison(checked=len(ref.files), unexplained=tuple(sorted(unexplained)), missing=tuple(sorted(missing)),
-                      added=tuple(sorted(set(added))), record_disagrees=tuple(sorted(set(disagrees))),
-                      installer=tuple(sorted(set(accepted))), installer_findings=tuple(sorted(set(findings))))
+    _RECORD_CHECKS[key] = (ref, record, (tuple(disagrees), tuple(findings), tuple(accepted)))
+    for old in list(_RECORD_CHECKS)[:-16]:  # the oldest (another thread may evict the same one)
+        _RECORD_CHECKS.pop(old, None)
+    return disagrees, findings, accepted
+
+
+_CHECKING = threading.Lock()
+_RECORD_CHECKS: dict[tuple, tuple[Reference, tuple, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]]] = {}
 
 
 def _outside_row(ref: Reference, path: str, scripts: Mapping[str, ScriptBytes], accepted: list[str]) -> list[str]:

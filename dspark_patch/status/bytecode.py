@@ -17,6 +17,7 @@ from __future__ import annotations
 import _imp
 import importlib.util
 import re
+import threading
 from dataclasses import dataclass
 
 from ..references import bytecode_source
@@ -105,25 +106,49 @@ def interpreter_for(magic: bytes, minor: str, named: str | None = None) -> str |
 
 def compare(items: list[dict], python: str | None = None) -> list[str]:
     """Per item (source, pyc, filename, opt, checked): '' when the .pyc holds its source's code as
-    `python` (default: this host's) compiles it, else why not (see _COMPARE)."""
+    `python` (default: this host's) compiles it, else why not (see _COMPARE). The images of a
+    fleet keep the same patched files: the same bytes are compiled once per process (an answer
+    that is not one, a crash or a timeout, is not kept)."""
     import base64
     import json
-    import subprocess
     import sys
 
     if not items:
         return []
     payload = json.dumps([{**i, "source": base64.b64encode(i["source"]).decode(), "pyc": base64.b64encode(i["pyc"]).decode()}
                           for i in items])
+    key = (python or sys.executable, payload)
+    with _COMPARING.setdefault(key, threading.Lock()):  # the tags read at once wait for one compile
+        found = _compare_once(key, payload, python, len(items))
+    _COMPARING.pop(key, None)
+    return found
+
+
+def _compare_once(key: tuple[str, str], payload: str, python: str | None, count: int) -> list[str]:
+    import json
+    import subprocess
+    import sys
+
+    known = _COMPARED.get(key)
+    if known is not None:
+        return list(known)
     try:
         done = subprocess.run([python or sys.executable, "-I", "-S", "-B", "-c", _COMPARE], input=payload.encode(),
                               capture_output=True, timeout=300, cwd="/")
         result = json.loads(done.stdout)
-        if done.returncode == 0 and isinstance(result, list) and len(result) == len(items):
-            return [str(r) for r in result]
+        if done.returncode == 0 and isinstance(result, list) and len(result) == count:
+            found = [str(r) for r in result]
+            _COMPARED[key] = tuple(found)
+            for old in list(_COMPARED)[:-64]:  # the oldest (another thread may evict the same one)
+                _COMPARED.pop(old, None)
+            return found
     except (subprocess.TimeoutExpired, ValueError, OSError):
         pass
-    return ["could not be compared"] * len(items)
+    return ["could not be compared"] * count
+
+
+_COMPARING: dict[tuple[str, str], threading.Lock] = {}
+_COMPARED: dict[tuple[str, str], tuple[str, ...]] = {}
 
 
 def check(site: SiteFiles, python: str | None = None) -> BytecodeCheck:

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import bisect
 import posixpath
+import threading
+import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ...errors import UnreadableLayout
@@ -34,6 +36,20 @@ MAX_LINKS = 40
 class LayerView:
     entries: Mapping[str, Entry]
     where: str = "the image"
+    # How this view came to be: `base`, the view of the layers below the top one (None: none kept),
+    # then the top layer removed `removed` and wrote its own entries, `written`, in its order. So
+    # `entries` is `base.entries` less `removed`, then each of `written` set (one that stayed
+    # keeps its place). What views/ derive from a view is derived from its base's and this
+    # change (targets/views/site_fold.py), and kept in `derived`. The base is held weakly: the
+    # merge memo below keeps a few; a view never keeps its lower layers' copies alive.
+    base_ref: weakref.ref[LayerView] | None = field(default=None, compare=False, repr=False)
+    removed: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
+    written: tuple[str, ...] = field(default=(), compare=False, repr=False)
+    derived: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def base(self) -> LayerView | None:
+        return self.base_ref() if self.base_ref is not None else None
 
     # --- lookups --------------------------------------------------------------------------------
     def resolve(self, path: str, *, follow_last: bool = True) -> str:
@@ -99,9 +115,15 @@ class LayerView:
 
 
 def merge(scans: Iterable[LayerScan], *, where: str = "the image") -> LayerView:
-    stack = tuple(scans)
-    view: dict[str, Entry] = {}
-    above: dict[str, list[int]] = {}   # kept path -> keys of its ancestors (computed once)
+    # One merge at a time: it is CPU under the GIL, so threads gain nothing by merging side by
+    # side, and the images of a fleet read at once would each merge their shared base.
+    with _MERGING:
+        return _merge(tuple(scans), where)
+
+
+def _merge(stack: tuple[LayerScan, ...], where: str) -> LayerView:
+    state = _State(view={}, above={}, index={}, folders=set())
+    base: LayerView | None = None
     start = 0
     # The longest bottom part of this stack merged before in this process: the images of a
     # fleet share their lower layers (the same scan objects: one save, one cache), so each is
@@ -109,14 +131,15 @@ def merge(scans: Iterable[LayerScan], *, where: str = "the image") -> LayerView:
     for depth in range(len(stack), 0, -1):
         known = _merged.get(tuple(map(id, stack[:depth])))
         if known is not None and all(a is b for a, b in zip(known[0], stack, strict=False)):
-            view, above, start = dict(known[1]), dict(known[2]), depth
+            state, base, start = known[1].copy(), known[2], depth
             break
+    removed: frozenset[str] = frozenset()
+    written: tuple[str, ...] = ()
     for depth in range(start, len(stack)):
-        _stack_one(view, above, stack[depth])
-        above = {p: above[p] for p in view} if len(above) > 2 * len(view) + 64 else above
-        if depth + 1 < len(stack):  # the views of lower layers alone: what another image may share
-            _remember(stack[:depth + 1], view, above)
-    return LayerView(entries=view, where=where)
+        if depth > start:  # the views of lower layers alone: what another image may share
+            base = _remember(stack[:depth], state, base, removed, written, where)
+        removed, written = frozenset(_stack_one(state, stack[depth])), tuple(stack[depth].entries)
+    return LayerView(entries=state.view, where=where, base_ref=_weak(base), removed=removed, written=written)
 
 
 def owner(scans: Sequence[LayerScan], path: str) -> tuple[int, int, int] | None:
@@ -133,32 +156,68 @@ def owner(scans: Sequence[LayerScan], path: str) -> tuple[int, int, int] | None:
 
 
 _MERGED_KEPT = 8
-_merged: dict[tuple[int, ...], tuple[tuple[LayerScan, ...], dict[str, Entry], dict[str, list[int]]]] = {}
+_MERGING = threading.Lock()
 
 
-def _remember(stack: tuple[LayerScan, ...], view: dict[str, Entry], above: dict[str, list[int]]) -> None:
+@dataclass(kw_only=True)
+class _State:
+    """A merge in progress: the view, and what makes stacking a small layer on it cost the layer's
+    size, not the view's."""
+
+    view: dict[str, Entry]
+    above: dict[str, list[int]]   # kept path -> keys of its ancestors (computed once)
+    index: dict[int, str]         # path_key(path) -> path, for every path of the view
+    folders: set[int]             # keys of the folders above the view's paths (after a drop, more: harmless)
+
+    def copy(self) -> _State:
+        return _State(view=dict(self.view), above=dict(self.above), index=dict(self.index), folders=set(self.folders))
+
+
+_merged: dict[tuple[int, ...], tuple[tuple[LayerScan, ...], _State, LayerView]] = {}
+
+
+def _remember(stack: tuple[LayerScan, ...], state: _State, base: LayerView | None, removed: frozenset[str],
+              written: tuple[str, ...], where: str) -> LayerView:
+    """Keep the view of `stack` (the scans kept with it: their ids stay theirs); returns it as a
+    view, so that the view stacked on it can name it as its base."""
+    kept = state.copy()
+    view = LayerView(entries=kept.view, where=where, base_ref=_weak(base), removed=removed, written=written)
     key = tuple(map(id, stack))
     _merged.pop(key, None)
-    _merged[key] = (stack, dict(view), dict(above))  # the scans kept with it: their ids stay theirs
-    while len(_merged) > _MERGED_KEPT:
-        del _merged[next(iter(_merged))]
+    _merged[key] = (stack, kept, view)
+    for old in list(_merged)[:-_MERGED_KEPT]:  # the oldest (another thread may evict the same one)
+        _merged.pop(old, None)
+    return view
 
 
-def _stack_one(view: dict[str, Entry], above: dict[str, list[int]], scan: LayerScan) -> None:
-    """Put one layer on `view` (in place): see the module's docstring."""
+def _weak(view: LayerView | None) -> weakref.ref[LayerView] | None:
+    return weakref.ref(view) if view is not None else None
+
+
+def _stack_one(state: _State, scan: LayerScan) -> set[str]:
+    """Put one layer on the view (in place): see the module's docstring. Returns the paths it
+    removed from the view (the layer's own entries then land, in its order). The lookups go from
+    the smaller side: a tag's one-file layer over a base of 30,000 paths costs its own size."""
+    view, above, index, folders = state.view, state.above, state.index, state.folders
     hide_all = scan.whiteouts                      # the path and everything below
     hide_below: set[str] = set(scan.opaques)       # everything below the path
     drop: set[str] = set()
     present = scan.present
-    for path, entry in view.items():
-        mine = present.get(path_key(path))
-        if mine is not None and path not in scan.entries and not (mine and entry.kind == "dir"):
+    if len(present) < len(view):
+        pairs: Iterable[tuple[str, bool]] = ((path, mine) for key, mine in present.items()
+                                             if (path := index.get(key)) is not None)
+    else:
+        pairs = ((path, mine) for path in view if (mine := present.get(path_key(path))) is not None)
+    for path, mine in pairs:
+        if path not in scan.entries and not (mine and view[path].kind == "dir"):
             drop.add(path)                         # replaced by a member the predicate did not keep
             if not mine:
                 hide_below.add(path)
     # A non-folder of this layer stands above a lower path: only the view's folders can be one.
-    folders = set().union(*(above[p] for p in view)) if view else set()
-    blocked = {k for k in folders if present.get(k) is False}
+    if len(present) < len(folders):
+        blocked = {k for k, mine in present.items() if mine is False and k in folders}
+    else:
+        blocked = {k for k in folders if present.get(k) is False}
     if blocked:
         drop.update(p for p in view if any(k in blocked for k in above[p]))
     for path, entry in scan.entries.items():
@@ -176,7 +235,13 @@ def _stack_one(view: dict[str, Entry], above: dict[str, list[int]], scan: LayerS
             drop.update(keys[low:bisect.bisect_left(keys, hidden + "0", low)])  # "/" + 1 is "0"
     for path in drop:
         del view[path]
+        index.pop(path_key(path), None)
     for path, entry in scan.entries.items():
         view[path] = entry
         if path not in above:
             above[path] = [path_key(p) for p in ancestors(path)]
+        folders.update(above[path])
+        index[path_key(path)] = path
+    if len(above) > 2 * len(view) + 64:
+        state.above = {p: above[p] for p in view}
+    return drop

@@ -22,6 +22,7 @@ import email.parser
 import functools
 import posixpath
 import re
+import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any, BinaryIO
@@ -29,7 +30,7 @@ from typing import Any, BinaryIO
 from ...distname import filename_name
 from ...errors import AmbiguousDistribution, BadInput, TargetNotFound, UnreadableLayout, runs_first_message
 from ...inside.locate import RECORD_CAP, BadRecord, parse_record
-from ...references import DISTUTILS_HACK, PTH_CAP, STARTUP_MODULES, ScriptBytes, all_scripts, bytecode_source, script_rows
+from ...references import DISTUTILS_HACK, PTH_CAP, ScriptBytes, all_scripts, bytecode_source, script_rows
 from ...references.installer import METADATA_CAP, METADATA_FILES, SCRIPT_CAP
 from ..layers import Entry, LayerView, RetainPredicate, scan_layer
 from ..layers import merge as merge_scans
@@ -37,6 +38,8 @@ from ..layers.scan import Retain
 from ..layers.tarstream import Kind
 from ..runtime import runs_first
 from .site_files import SiteFiles
+from .site_fold import everywhere_paths, site_fold
+from .site_fold import own_folder as _own
 
 _SITE = re.compile(r"^(?P<site>(?:[^/]+/)*lib(?:64)?/python3(?:\.\d+)?/(?:site|dist)-packages)/(?P<rel>.+)$")
 _LIB_DIR = re.compile(r"^(?:[^/]+/)*lib(?:64)?/python3(?:\.\d+)?(?:/(?:site|dist)-packages)?$")
@@ -51,10 +54,6 @@ __all__ = ["Entry", "LayerView", "find_site", "folder_view", "merge_scans", "pth
            "status_retain_identity"]
 
 
-
-
-def _own(first: str, top: str) -> bool:
-    return first == top or (first.endswith(".dist-info") and filename_name(first.split("-")[0]) == top)
 
 
 def status_retain(distribution: str, retain_paths: Iterable[str] = ()) -> RetainPredicate:
@@ -155,8 +154,19 @@ def holds(view: LayerView, site: str, distribution: str) -> bool:
 
 
 def everywhere(view: LayerView, distribution: str) -> list[str]:
-    top = filename_name(distribution)
-    return sorted({"/" + m["site"] for p in view.entries if (m := _SITE.match(p)) and m["rel"] == f"{top}/__init__.py"})
+    match = _package_init(filename_name(distribution))
+    return sorted({"/" + m["site"] for p in everywhere_paths(view, match) if (m := _SITE.match(p))})
+
+
+@functools.lru_cache(maxsize=8)
+def _package_init(top: str) -> Callable[[str], bool]:
+    """Is a path a site folder's `<top>/__init__.py`? (one function per name: the views' memo key)"""
+    tail = f"/{top}/__init__.py"
+
+    def match(path: str) -> bool:
+        return path.endswith(tail) and (m := _SITE.match(path)) is not None and m["rel"] == tail[1:]
+
+    return match
 
 
 def find_site(view: LayerView, distribution: str, config: Mapping[str, Any], ref: str) -> SiteFiles:
@@ -176,58 +186,38 @@ def find_site(view: LayerView, distribution: str, config: Mapping[str, Any], ref
                              "(METADATA, RECORD)",
                              hint="the package was not installed as a distribution; nothing to check it against")
     first = runs_first(config, view.stat, read_small, site=site, python=found.python or chosen.python,
-                       distribution=distribution, sites=chosen.sites, pth_files=lambda folder: pth_in(view, folder))
+                       distribution=distribution, sites=chosen.sites, pth_files=lambda folder: pth_in(view, folder, distribution))
     if first:
         raise runs_first_message(ref, distribution, first)
     others = tuple(s for s in everywhere(view, distribution) if view.resolve(s) != view.resolve(site))
     return replace(found, python=found.python or chosen.python, unimported=others)
 
 
-def pth_in(view: LayerView, folder: str) -> dict[str, bytes | None] | None:
+def pth_in(view: LayerView, folder: str, distribution: str = "vllm") -> dict[str, bytes | None] | None:
     """The `.pth` files right in `folder` (absolute) by name, their bytes as kept (None: over the
-    cap, or not a regular file); None when the view has no such folder."""
+    cap, or not a regular file); None when the view has no such folder. (`distribution`: whose
+    fold of the folder to read them from, the one site_files reads too.)"""
     real = view.resolve(folder)
     entry = view.entries.get(real)
     if entry is None or entry.kind != "dir":
         return None
-    return {rel: (e.data if e.kind == "file" and not e.too_large else None) for rel, e in view.below(real)
-            if "/" not in rel and rel.endswith(".pth") and e.kind != "dir"}
+    return dict(site_fold(view, real, distribution).pth_all)
 
 
 def site_files(view: LayerView, distribution: str, site: str) -> SiteFiles | None:
     """The distribution in the site folder `site` (absolute, as the interpreter sees it), or None
-    when that folder holds no dist-info of it. A symlink inside its own folders is refused."""
+    when that folder holds no dist-info of it. A symlink inside its own folders is refused.
+    Read from the folder's fold (targets/views/site_fold.py): a tag on a known base costs its own layer."""
     top = filename_name(distribution)
     real = view.resolve(site)
-    hashes: dict[str, str] = {}
-    others: list[str] = []
-    top_level: list[str] = []
-    records: dict[str, bytes] = {}
-    metadata: bytes | None = None
-    for rel, entry in view.below(real):
-        first, sep, rest = rel.partition("/")
-        if _own(first, top) and entry.kind == "symlink":
-            raise UnreadableLayout(f"{site}/{rel} in {view.where} is a symlink (to {entry.target}): status reads no "
-                                   f"files through links in {distribution}'s folders",
-                                   hint="nothing is said about this image")
-        if first.split(".", 1)[0] in STARTUP_MODULES and (sep or entry.kind == "dir"):
-            top_level.append(first)  # a sitecustomize/ package is imported at start too
-        if not sep:
-            if entry.kind != "dir":
-                top_level.append(rel)
-            continue
-        if rest == "RECORD" and first.endswith(".dist-info") and (entry.data is not None or entry.too_large):
-            records[first] = entry.data if entry.data is not None else b"\0"  # over the cap: refused below
-        if entry.data is not None and rest == "METADATA" and _own(first, top):
-            metadata = entry.data
-        if not _own(first, top) or entry.kind == "dir":
-            continue
-        if entry.kind == "file" and entry.sha256 is not None:
-            hashes[rel] = entry.sha256
-        else:
-            others.append(rel)
+    fold = site_fold(view, real, distribution)
+    for rel, target in fold.symlinks.items():
+        raise UnreadableLayout(f"{site}/{rel} in {view.where} is a symlink (to {target}): status reads no "
+                               f"files through links in {distribution}'s folders",
+                               hint="nothing is said about this image")
+    records = {rel.partition("/")[0]: data for rel, data in fold.records.items()}
     own_infos = sorted(name for name in records if _own(name, top))
-    if metadata is None or not own_infos:
+    if not fold.metadata or not own_infos:
         return None
     if len(own_infos) > 1:
         raise AmbiguousDistribution(f"{site} holds {len(own_infos)} {distribution} distributions ({', '.join(own_infos)})",
@@ -238,17 +228,18 @@ def site_files(view: LayerView, distribution: str, site: str) -> SiteFiles | Non
     if metadata is None:
         return None
     meta = email.parser.BytesParser().parsebytes(metadata, headersonly=True)
-    record = tuple((path, sha) for path, sha, _ in _record_rows(records[own_infos[0]], f"{site}/{own_infos[0]}/RECORD"))
-    listed = frozenset(row[0] for data in records.values() for row in _record_rows(data, "", strict=False))
+    with _PARSING:  # the tags read at once wait for one parse of their shared RECORD
+        _record_rows(records[own_infos[0]], f"{site}/{own_infos[0]}/RECORD")  # a malformed RECORD is refused here
+        record, rows = _record_and_scripts(records[own_infos[0]], distribution)
+        listed = _listed(tuple(records.values()))
     found = re.search(r"/python(3\.\d+)/", "/" + real + "/")
-    installer_meta = {rel: (None if entry.too_large else entry.data) for rel, entry in view.below(real)
-                if entry.kind == "file" and rel.partition("/")[0] in own_infos and rel.partition("/")[2] in METADATA_FILES}
-    scripts = {row: view_script(view, real, row) for row in script_rows(record, all_scripts(distribution))}
+    installer_meta = {rel: data for rel, data in fold.installer.items() if rel.partition("/")[0] in own_infos}
+    scripts = {row: view_script(view, real, row) for row in rows}
     return SiteFiles(location=site, distribution=str(meta["Name"] or distribution), release=str(meta["Version"] or ""),
-                     python=found.group(1) if found else None, record=record, hashes=hashes,
-                     others=tuple(sorted(others)), top_level=tuple(sorted(set(top_level))), listed_anywhere=listed,
-                     dist_infos=tuple(own_infos), metadata=installer_meta, scripts=scripts,
-                     **_extra_facts(view, real, lambda first: _own(first, top)))
+                     python=found.group(1) if found else None, record=record, hashes=fold.hashes,
+                     others=tuple(sorted(fold.others)), top_level=tuple(sorted(set(fold.top_level.values()))),
+                     listed_anywhere=listed, dist_infos=tuple(own_infos), metadata=installer_meta, scripts=scripts,
+                     pth=fold.pth, pyc_headers=fold.pyc_headers, sources=fold.sources, retained=fold.retained)
 
 
 def view_script(view: LayerView, real: str, row: str) -> ScriptBytes:
@@ -283,32 +274,24 @@ def _record_rows(data: bytes, name: str, *, strict: bool = True) -> tuple[tuple[
         raise BadInput(f"{name}: {reason}", hint="the RECORD is malformed; rebuild the image from the release") from None
 
 
+_PARSING = threading.Lock()
+
+
+@functools.lru_cache(maxsize=16)
+def _record_and_scripts(data: bytes, distribution: str) -> tuple[tuple[tuple[str, str | None], ...], tuple[str, ...]]:
+    """A well-formed RECORD's (path, sha256) rows and the console-script rows among them, once per
+    RECORD's bytes in a run (the tags of a fleet share their dist-info)."""
+    record = tuple((path, sha) for path, sha, _ in _parsed_record(data, True))
+    return record, script_rows(record, all_scripts(distribution))
+
+
+@functools.lru_cache(maxsize=16)
+def _listed(records: tuple[bytes, ...]) -> frozenset[str]:
+    """The paths any of a site folder's RECORDs lists (a malformed one lists none)."""
+    return frozenset(row[0] for data in records for row in _record_rows(data, "", strict=False))
+
+
 @functools.lru_cache(maxsize=64)
 def _parsed_record(data: bytes, strict: bool) -> tuple[tuple[str, str | None, int | None], ...]:
     """parse_record, once per RECORD's bytes in a run: the images of a fleet share most of theirs."""
     return tuple(parse_record(data.decode("utf-8"), strict=strict))
-
-
-def _extra_facts(view: LayerView, real: str, own: Callable[[str], bool]) -> dict[str, Any]:
-    """The SiteFiles fields for .pth and bytecode (targets/views/facts.py) from a merged view."""
-    pth: dict[str, bytes | None] = {}
-    headers: dict[str, bytes] = {}
-    sources: dict[str, tuple[int, int, bytes | None]] = {}
-    retained: dict[str, bytes] = {}
-    for rel, entry in view.below(real):
-        if entry.kind != "file":
-            continue
-        first, sep, rest = rel.partition("/")
-        if not sep or rel == DISTUTILS_HACK:
-            if rel.endswith(".pth") or rel == DISTUTILS_HACK:
-                pth[rel] = None if entry.too_large else entry.data
-            continue
-        if not own(first):
-            continue
-        if entry.header is not None:
-            headers[rel] = entry.header
-        if entry.source is not None:
-            sources[rel] = entry.source
-        if entry.data is not None and rest not in ("RECORD", "METADATA"):
-            retained[rel] = entry.data
-    return {"pth": pth, "pyc_headers": headers, "sources": sources, "retained": retained}
