@@ -375,7 +375,8 @@ def _verify(request: VerifyRequest, target: Target, run: RunLog) -> AuditReport:
         with run.step("labels"):
             labels = check_labels(target, variant, patchset, policy, run.draft.series)
         with run.step("layer"):  # a layer of ours, by its labels: only what apply writes, as apply writes it
-            problems += labels or verify_top_layer(target, dist, variant, patch_name(patchset, variant), run)
+            files = {fp.path: None if fp.action == "delete" else fp.path for fp in diff.files}
+            problems += labels or verify_top_layer(target, dist, files, patch_name(patchset, variant), run)
 
     if request.probe and patchset.probe is not None:
         try:

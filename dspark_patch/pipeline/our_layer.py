@@ -118,10 +118,11 @@ def allowed(files: Mapping[str, str | None], dist: Distribution) -> tuple[set[st
     return present, removed
 
 
-def verify_top_layer(target: ImageCapable, dist: Distribution, variant: Variant, named: str, run: RunLog) -> list[str]:
-    """`verify` on the engine: the image's top layer holds only what a layer of ours for
-    `variant`'s files holds, each with the mode and owner apply writes over the layers under it
-    (as `verify --via registry` checks). Its layers are read from the scan cache (apply keeps the
+def verify_top_layer(target: ImageCapable, dist: Distribution, files: Mapping[str, str | None], named: str,
+                     run: RunLog) -> list[str]:
+    """`verify` on the engine: the image's top layer holds only what a layer of ours for `files`
+    holds (each path the diff names; None: one it deletes), each with the mode and owner apply
+    writes over the layers under it (as `verify --via registry` checks). Its layers are read from the scan cache (apply keeps the
     layer it adds, and the source's when it reads them; `status --via layers` keeps every layer it
     reads); where the cache lacks one, reading it would be a save of the whole image: a note says
     the top layer was not compared, and how to have it compared. One problem line each."""
@@ -139,7 +140,6 @@ def verify_top_layer(target: ImageCapable, dist: Distribution, variant: Variant,
                          "compares them, as `verify --via registry` always does")
         return []
     read = [scan for scan in scans if scan is not None]
-    files = {path: file.post_sha256 for path, file in variant.files.items()}
     try:
         check_our_layer(OurLayer(image_id=target.info.id or "", named=named, files=files), read[-1], dist)
     except StackedLayer as exc:

@@ -133,7 +133,8 @@ class ImageTarget:
     def _try_start(self, pythons: Sequence[str]) -> WorkContainer | None:
         for python in pythons:
             work = WorkContainer(self.engine, self.source.id, ref=self.ref, python=python,
-                                 keepalive={"entrypoint": result_image.keepalive_argv(python), "command": None})
+                                 keepalive={"entrypoint": result_image.keepalive_argv(python), "command": None,
+                                            "user": "0"})
             # Its exit is on the stack before its entry: a SIGTERM just after the entry (before
             # `enter_context` would have pushed it) must still remove the container. Exiting one
             # whose entry failed does nothing.
