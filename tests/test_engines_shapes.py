@@ -66,8 +66,20 @@ def _assert_patched_result(docker_host: str | None, source: dict, tag: str, *, c
         assert _our_containers(docker_host, source["Id"]) == []
 
 
+def _owners(docker_host: str | None, image: str) -> str:
+    """uid:gid of the patched files in `image`, as its own python (run as root) sees them."""
+    site = "/usr/local/lib/python3.11/dist-packages/vllm/"
+    code = (f"import os\nfor f in ('{site}envs.py', '{site}models/deepseek_v4/nvidia/model.py'):\n"
+            "    print(f'{os.stat(f).st_uid}:{os.stat(f).st_gid}', end=' ')")
+    host = ["-H", docker_host] if docker_host else []
+    done = subprocess.run(["docker", *host, "run", "--rm", "--network", "none", "--user", "0", "--entrypoint",
+                           "python3", image, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-1000:]
+    return done.stdout.strip()
+
+
 def _apply_and_verify(ref: str, tmp_path: Path, docker_host: str | None = None, *, tag: str | None = None,
-                      push: bool = False, env: dict[str, str] | None = None) -> dict:
+                      push: bool = False, env: dict[str, str] | None = None, owners: bool = False) -> dict:
     """apply --image REF --tag T [--push], check the result, verify T; returns apply's audit."""
     env = {**(env or {}), **({"DOCKER_HOST": docker_host} if docker_host else {})}
     source = _inspect(docker_host, ref)
@@ -78,6 +90,8 @@ def _apply_and_verify(ref: str, tmp_path: Path, docker_host: str | None = None, 
                   "--report-dir", str(tmp_path / "apply"), env=env)
         assert res.returncode == 0, res.stderr
         _assert_patched_result(docker_host, source, tag)
+        if owners:   # Podman's archive API maps owners to the container's user: the files stay the source's
+            assert _owners(docker_host, tag) == _owners(docker_host, ref)
         ok = run("verify", "--image", tag, "--json", "--report-dir", str(tmp_path / "verify"), env=env)
         assert ok.returncode == 0, ok.stderr
         assert ok.json["status"] == "verified"
@@ -390,7 +404,7 @@ def test_fixture_applies_verifies_and_pushes_on_another_engine(fixture_on_other_
     put_image(ref, f"{address}/dspark-patch/{other.name}:source")
     tag = f"{address}/dspark-patch/{other.name}:{uuid.uuid4().hex[:8]}"
     audit = _apply_and_verify(ref, tmp_path, other.docker_host, tag=tag, push=True,
-                              env={"DOCKER_CONFIG": str(config)})
+                              env={"DOCKER_CONFIG": str(config)}, owners=True)
     pushed = audit["result_image"]["repo_digest"]
     assert pushed.startswith(f"{address}/dspark-patch/{other.name}@sha256:")
     assert _manifest_status(address, pushed, (USER, PASSWORD)) == 200
