@@ -47,7 +47,7 @@ from __future__ import annotations
 import hashlib
 import re
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cache, cached_property
 from importlib import resources
@@ -307,11 +307,7 @@ def compare(ref: Reference, *, hashes: Mapping[str, str], others: Iterable[str] 
 
     info = ref.dist_info
     top = filename_name(ref.distribution)
-    folders = ref.folders
-
-    def own(path: str) -> bool:
-        first = path.split("/", 1)[0]
-        return first in folders or (first.endswith(".dist-info") and filename_name(first.split("-")[0]) == top)
+    own = _owned_by(ref)
 
     def explained(path: str) -> bool:
         if path in ref.files:
@@ -359,6 +355,17 @@ def compare(ref: Reference, *, hashes: Mapping[str, str], others: Iterable[str] 
                       installer=tuple(sorted(set(accepted))), installer_findings=tuple(sorted(set(findings))))
 
 
+def _owned_by(ref: Reference) -> Callable[[str], bool]:
+    """Whether a path (relative to the site folder) is in the distribution's own folders or one of
+    its dist-info folders."""
+    folders, top = ref.folders, filename_name(ref.distribution)
+
+    def own(path: str) -> bool:
+        first = path.split("/", 1)[0]
+        return first in folders or (first.endswith(".dist-info") and filename_name(first.split("-")[0]) == top)
+    return own
+
+
 def _record_check(ref: Reference, record: tuple[tuple[str, str | None], ...], post: Mapping[str, set[str | None]],
                   scripts: Mapping[str, ScriptBytes]) -> tuple[list[str], list[str], list[str]]:
     """The image's RECORD rows against the reference: (rows that disagree, findings of rows outside
@@ -377,13 +384,7 @@ def _record_check_once(ref: Reference, record: tuple[tuple[str, str | None], ...
     if known is not None and known[0] is ref and known[1] is record:
         return list(known[2][0]), list(known[2][1]), list(known[2][2])
     info = ref.dist_info
-    top = filename_name(ref.distribution)
-    folders = ref.folders
-
-    def own(path: str) -> bool:
-        first = path.split("/", 1)[0]
-        return first in folders or (first.endswith(".dist-info") and filename_name(first.split("-")[0]) == top)
-
+    own = _owned_by(ref)
     disagrees: list[str] = []
     findings: list[str] = []
     accepted: list[str] = []
