@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import json
 import posixpath
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..errors import DsparkPatchError, StackedLayer
 from ..patchset import PatchSet, Variant, available, is_id, patched_paths
@@ -29,6 +30,9 @@ from ..targets.layers.scan import LayerScan, path_key
 from .image_steps import LABEL_PREFIX, SERIES_LABEL, label_ids, series_ids
 from .runlog import RunLog
 from .shared_steps import cached_name
+
+if TYPE_CHECKING:
+    from ..targets.caches.scans import ScanCache
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -118,19 +122,26 @@ def allowed(files: Mapping[str, str | None], dist: Distribution) -> tuple[set[st
     return present, removed
 
 
+def top_layer_problems(layer: OurLayer, scans: Sequence[LayerScan], dist: Distribution) -> list[str]:
+    """`verify` on every route that reads the image's layers (`scans`, bottom first): the top
+    layer holds only what a layer of ours for `layer.files` holds, each with the mode and owner
+    apply writes over the layers under it. One problem line each; [] when it is ours."""
+    try:
+        check_our_layer(layer, scans[-1], dist)
+    except StackedLayer as exc:
+        return [exc.message]
+    return top_layer_owners(scans[-1], scans[:-1], allowed(layer.files, dist)[0])
+
+
 def verify_top_layer(target: ImageCapable, dist: Distribution, files: Mapping[str, str | None], named: str,
                      run: RunLog) -> list[str]:
-    """`verify` on the engine: the image's top layer holds only what a layer of ours for `files`
-    holds (each path the diff names; None: one it deletes), each with the mode and owner apply
-    writes over the layers under it (as `verify --via registry` checks). Its layers are read from the scan cache (apply keeps the
-    layer it adds, and the source's when it reads them; `status --via layers` keeps every layer it
-    reads); where the cache lacks one, reading it would be a save of the whole image: a note says
-    the top layer was not compared, and how to have it compared. One problem line each."""
-    from ..targets.caches.scans import ScanCache
-    from ..targets.views.from_layers import status_retain_identity
-
+    """`verify --image`: `top_layer_problems` for `files` (each path the diff names; None: one it
+    deletes), the layers read from the scan cache (apply keeps the layer it adds, and the source's
+    when it reads them; `status --via layers` keeps every layer it reads). Where the cache lacks
+    one, reading it would be a save of the whole image: a note says the top layer was not
+    compared, and how to have it compared."""
     layers = target.info.layers
-    cache = ScanCache.from_env(status_retain_identity(dist.name, patched_paths(available())))
+    cache = _scan_cache(dist.name)
     scans = [cache.get(diff_id) for diff_id in layers]
     missing = sum(scan is None for scan in scans)
     if not layers or missing:
@@ -139,16 +150,20 @@ def verify_top_layer(target: ImageCapable, dist: Distribution, files: Mapping[st
                          "whole image): `status --via layers` of the image reads and keeps them, and verify then "
                          "compares them, as `verify --via registry` always does")
         return []
-    read = [scan for scan in scans if scan is not None]
-    try:
-        check_our_layer(OurLayer(image_id=target.info.id or "", named=named, files=files), read[-1], dist)
-    except StackedLayer as exc:
-        return [exc.message]
-    problems = top_layer_owners(read[-1], read[:-1], allowed(files, dist)[0])
+    layer = OurLayer(image_id=target.info.id or "", named=named, files=files)
+    problems = top_layer_problems(layer, [scan for scan in scans if scan is not None], dist)
     if not problems:
         run.notes.append(f"the top layer ({layers[-1][:19]}) holds only the patched files, their bytecode and the "
                          "folders above them, each with the mode and owner apply writes")
     return problems
+
+
+def _scan_cache(distribution: str) -> ScanCache:
+    """The scan cache under the predicate apply and `status` keep layers by (so all three share it)."""
+    from ..targets.caches.scans import ScanCache
+    from ..targets.views.from_layers import status_retain_identity
+
+    return ScanCache.from_env(status_retain_identity(distribution, patched_paths(available())))
 
 
 def top_layer_scan(store: ImageStore, image_id: str, diff_id: str, distribution: str) -> LayerScan | None:
@@ -156,14 +171,10 @@ def top_layer_scan(store: ImageStore, image_id: str, diff_id: str, distribution:
     else one save of the image (whose every layer's scan is then kept, as the layer check keeps
     them: the run on the image under it reads none of its layers again). None when the scan
     cache keeps nothing (DSPARK_PATCH_CACHE_MAX=0): the layer cannot be told ours then."""
-    from ..targets.caches.scans import ScanCache
-    from ..targets.views.from_layers import status_retain_identity
-
-    retain = patched_paths(available())
-    cache = ScanCache.from_env(status_retain_identity(distribution, retain))
+    cache = _scan_cache(distribution)
     scan = cache.get(diff_id)
     if scan is None:
-        found = store.save_views([image_id], distribution, retain, cache).get(image_id)
+        found = store.save_views([image_id], distribution, patched_paths(available()), cache).get(image_id)
         if isinstance(found, DsparkPatchError):
             raise type(found)(f"image {image_id[:19]}: {found.message}; nothing was written", hint=found.hint)
         scan = cache.get(diff_id)

@@ -24,11 +24,11 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from .. import unread_env
-from ..errors import BadInput, DsparkPatchError, EnvironmentProblem, StackedLayer, TargetNotFound, VerifyMismatch
+from ..errors import BadInput, DsparkPatchError, EnvironmentProblem, TargetNotFound, VerifyMismatch
 from ..imageref import ImageRef
 from ..patchset import PatchSet, Variant, available, known, patched_paths
 from ..pipeline.image_steps import label_ids
-from ..pipeline.our_layer import OurLayer, allowed, check_our_layer
+from ..pipeline.our_layer import OurLayer, top_layer_problems
 from ..pipeline.runlog import RunLog, StepCallback
 from ..registry.blobs import parse_image_manifest
 from ..registry.index import Registry, RegistryUnreachable
@@ -53,7 +53,6 @@ from ..status.bytecode import cache_tag, interpreter_for, minor_magic
 from ..status.fleet import DISTRIBUTION, row_of
 from ..status.registry_route import LayerReader
 from ..targets.base import Distribution
-from ..targets.layers.owners import top_layer_owners
 from ..targets.views.from_layers import find_site, merge_scans, status_retain
 from ..targets.views.site_files import SiteFiles
 from .claim import reviewed_files
@@ -225,16 +224,11 @@ def _verify(request: RegistryVerifyRequest, run: RunLog, reader: LayerReader, re
         dist = Distribution(name=site.distribution, version=site.release, location=site.location, python="",
                             python_version=site.python or "", cache_tag=cache_tag(site.python) or "",
                             record_file=None, record=())
-        try:
-            check_our_layer(OurLayer(image_id=config.digest, named=" + ".join(ids), files=final), scans[-1], dist)
-        except StackedLayer as exc:
-            problems.append(exc.message)
-        else:
-            owners = top_layer_owners(scans[-1], scans[:-1], allowed(final, dist)[0])
-            problems += owners
-            if not owners:
-                run.notes.append(f"the top layer ({blobs[-1].digest[:19]}) holds only the series' files, their "
-                                 "bytecode and the folders above them, each with the mode and owner apply writes")
+        ours = top_layer_problems(OurLayer(image_id=config.digest, named=" + ".join(ids), files=final), scans, dist)
+        problems += ours
+        if not ours:
+            run.notes.append(f"the top layer ({blobs[-1].digest[:19]}) holds only the series' files, their "
+                             "bytecode and the folders above them, each with the mode and owner apply writes")
     if row.unverified:
         run.notes.append(f"{len(row.unverified)} thing(s) status could not prove: {'; '.join(row.unverified[:2])}")
     run.skipped("probe", "--via registry runs nothing of the image; `verify --image` runs the probe")
